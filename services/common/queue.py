@@ -1,0 +1,277 @@
+"""The engine queues in Redis: the one module both the dispatcher and the workers use to change them.
+
+Every method is one Lua script (see ``queue_scripts``) or a single command, so several dispatcher replicas
+and workers can run at once without double counting. Output events are JSON objects in field ``ev`` of the
+request's stream: ``{"t": "delta", "a": attempt, "text": ...}``, then exactly one
+``{"t": "final", ...}`` or ``{"t": "error", "code": ..., "message": ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+from services.common import queue_scripts as lua
+from services.common.keys import Keys
+from services.common.types import ClaimedRequest, Prediction, StageRequest, StageResult, TraceRow
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    request_ttl_s: int = 3600  # how long a request hash lives while it waits or runs
+    finished_ttl_s: int = 300  # how long a finished request and its output stream stay readable
+    stream_maxlen: int = 10_000  # output events kept per request (deltas are coalesced by the worker)
+    traces_maxlen: int = 200_000  # trace rows kept per engine
+    max_attempts: int = 3  # claims before a request that keeps killing workers is failed
+
+
+@dataclass(frozen=True, slots=True)
+class RenewResult:
+    lost: frozenset[str]  # leases the worker no longer holds: stop working on these
+    cancelled: frozenset[str]  # cancellation requested: abort these and complete them as cancelled
+
+
+@dataclass(frozen=True, slots=True)
+class OutputEvent:
+    stream_id: str
+    data: dict[str, Any]
+
+
+def _ev(**kw: Any) -> str:
+    return json.dumps(kw, separators=(",", ":"))
+
+
+class QueueStore:
+    def __init__(self, redis: Redis, keys: Keys, retention: Retention | None = None) -> None:
+        self._r = redis
+        self._k = keys
+        self.retention = retention or Retention()
+        self._enqueue = redis.register_script(lua.ENQUEUE)
+        self._claim = redis.register_script(lua.CLAIM)
+        self._renew = redis.register_script(lua.RENEW)
+        self._complete = redis.register_script(lua.COMPLETE)
+        self._cancel = redis.register_script(lua.CANCEL)
+        self._reap = redis.register_script(lua.REAP)
+        self._assign = redis.register_script(lua.ASSIGN)
+
+    @property
+    def keys(self) -> Keys:
+        return self._k
+
+    def _req_prefix(self, engine: str) -> str:
+        return self._k.request(engine, "")
+
+    async def assign(
+        self,
+        program_id: str,
+        engine: str,
+        model: str,
+        workflow: str,
+        stage: int,
+        request_id: str,
+        ttl_s: int,
+        confidences: Mapping[str, float],
+    ) -> tuple[str, str, str]:
+        """Record or check a program's assignment. Returns (status, engine, model); see ASSIGN."""
+        res = await self._assign(
+            keys=[self._k.program(program_id)],
+            args=[engine, model, workflow, stage, request_id, ttl_s, json.dumps(dict(confidences)), time.time()],
+        )
+        status, eng, mdl = (x.decode() if isinstance(x, bytes) else str(x) for x in res)
+        return status, eng, mdl
+
+    async def enqueue(
+        self,
+        engine: str,
+        req: StageRequest,
+        pred: Prediction,
+        score: float,
+        enqueued_unix: float,
+        decision: Mapping[str, Any],
+    ) -> bool:
+        """Atomically record the request, its in-flight tokens and its queue entry. False if it exists."""
+        k = self._k
+        ok = await self._enqueue(
+            keys=[
+                k.request(engine, req.request_id),
+                k.inflight(engine),
+                k.engine_info(engine),
+                k.queue(engine),
+                k.wake(engine),
+            ],
+            args=[
+                req.request_id,
+                req.to_json(),
+                pred.p50,
+                pred.p90,
+                repr(score),
+                repr(enqueued_unix),
+                self.retention.request_ttl_s,
+                json.dumps(dict(decision), separators=(",", ":")),
+                req.program_id,
+            ],
+        )
+        return bool(ok)
+
+    async def claim(self, engine: str, worker_id: str, n: int, lease_s: float) -> list[ClaimedRequest]:
+        """Pop up to ``n`` requests in schedule order and hold a lease on each."""
+        if n <= 0:
+            return []
+        now = time.time()
+        k = self._k
+        rows = await self._claim(
+            keys=[k.queue(engine), k.claims(engine), k.inflight(engine), k.engine_info(engine)],
+            args=[n, int((now + lease_s) * 1000), worker_id, repr(now), self._req_prefix(engine)],
+        )
+        out = []
+        for rid, payload, y, y90, t_enq, attempt in rows:
+            out.append(
+                ClaimedRequest(
+                    engine=engine,
+                    request=StageRequest.from_json(payload),
+                    predicted=int(y),
+                    predicted_p90=int(y90),
+                    attempt=int(attempt),
+                    enqueued_unix=float(t_enq),
+                    claimed_unix=now,
+                )
+            )
+            assert out[-1].request.request_id == _s(rid)
+        return out
+
+    async def wait_for_work(self, engine: str, timeout_s: float) -> None:
+        """Block until a dispatch rings the engine's doorbell, or the timeout passes."""
+        await self._r.blpop([self._k.wake(engine)], timeout=timeout_s)
+
+    async def renew(self, engine: str, held: Mapping[str, int], lease_s: float) -> RenewResult:
+        """Extend leases on ``held`` (request id -> attempt)."""
+        if not held:
+            return RenewResult(frozenset(), frozenset())
+        args: list[Any] = [int((time.time() + lease_s) * 1000), self._req_prefix(engine)]
+        for rid, attempt in held.items():
+            args += [rid, attempt]
+        lost, cancelled = await self._renew(keys=[self._k.claims(engine)], args=args)
+        return RenewResult(frozenset(map(_s, lost)), frozenset(map(_s, cancelled)))
+
+    async def publish_delta(self, engine: str, request_id: str, attempt: int, text: str) -> None:
+        await self._r.xadd(
+            self._k.output(engine, request_id),
+            {"ev": _ev(t="delta", a=attempt, text=text)},
+            maxlen=self.retention.stream_maxlen,
+            approximate=True,
+        )
+
+    async def complete(
+        self,
+        claimed: ClaimedRequest,
+        result: StageResult,
+        trace: TraceRow | None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Finish a request with its result. False if this attempt no longer held it (nothing written)."""
+        state = "cancelled" if result.finish_reason == "cancelled" else "done"
+        event = _ev(
+            t="final",
+            a=claimed.attempt,
+            text=result.text,
+            finish_reason=result.finish_reason,
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+            **(extra or {}),
+        )
+        return await self._finish(claimed, state, event, trace)
+
+    async def fail(self, claimed: ClaimedRequest, code: str, message: str) -> bool:
+        """Finish a request with an error (a gRPC status code name). False if the lease was lost."""
+        return await self._finish(claimed, "failed", _ev(t="error", code=code, message=message), None)
+
+    async def _finish(self, c: ClaimedRequest, state: str, event: str, trace: TraceRow | None) -> bool:
+        k, rid, r = self._k, c.request.request_id, self.retention
+        ok = await self._complete(
+            keys=[
+                k.request(c.engine, rid),
+                k.claims(c.engine),
+                k.inflight(c.engine),
+                k.engine_info(c.engine),
+                k.output(c.engine, rid),
+                k.traces(c.engine),
+            ],
+            args=[
+                rid,
+                c.attempt,
+                state,
+                event,
+                trace.to_json() if trace else "",
+                r.finished_ttl_s,
+                r.stream_maxlen,
+                r.traces_maxlen,
+                repr(time.time()),
+            ],
+        )
+        return bool(ok)
+
+    async def cancel(self, engine: str, request_id: str, reason: str = "cancelled") -> str:
+        """Cancel a request wherever it is. Returns the state it was found in ('missing' if unknown)."""
+        k = self._k
+        st = await self._cancel(
+            keys=[
+                k.request(engine, request_id),
+                k.queue(engine),
+                k.inflight(engine),
+                k.engine_info(engine),
+                k.output(engine, request_id),
+            ],
+            args=[
+                request_id,
+                _ev(t="final", a=0, text="", finish_reason="cancelled", prompt_tokens=0,
+                    completion_tokens=0, reason=reason),
+                self.retention.finished_ttl_s,
+                repr(time.time()),
+            ],
+        )
+        return _s(st)
+
+    async def reap(self, engine: str) -> list[str]:
+        """Re-queue requests whose worker's lease expired. Returns the re-queued ids."""
+        k, r = self._k, self.retention
+        now = time.time()
+        ids = await self._reap(
+            keys=[k.claims(engine), k.queue(engine), k.inflight(engine), k.engine_info(engine)],
+            args=[
+                int(now * 1000),
+                self._req_prefix(engine),
+                k.output(engine, ""),
+                r.max_attempts,
+                r.finished_ttl_s,
+                _ev(t="error", code="UNAVAILABLE", message=f"engine {engine} failed on every attempt"),
+                repr(now),
+            ],
+        )
+        if ids:
+            await self._r.rpush(k.wake(engine), 1)
+        return [_s(i) for i in ids]
+
+    async def read_events(
+        self, engine: str, request_id: str, after: str, block_ms: int
+    ) -> list[OutputEvent]:
+        """Events after stream id ``after`` ('0' for all), waiting up to ``block_ms`` for the first one."""
+        res = await self._r.xread({self._k.output(engine, request_id): after}, block=block_ms, count=512)
+        out: list[OutputEvent] = []
+        for _stream, entries in res or []:
+            for sid, fields in entries:
+                raw = fields.get("ev") if "ev" in fields else fields.get(b"ev")
+                out.append(OutputEvent(_s(sid), json.loads(raw)))
+        return out
+
+    async def request_fields(self, engine: str, request_id: str) -> dict[str, str]:
+        raw = await self._r.hgetall(self._k.request(engine, request_id))
+        return {_s(a): _s(b) for a, b in raw.items()}
+
+
+def _s(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)

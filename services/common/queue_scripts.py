@@ -1,0 +1,186 @@
+"""Lua scripts for every multi-key change to an engine's queue state.
+
+NOTE(atomicity): each script touches only keys tagged with one engine (``{engine}``), so it runs in one slot
+of a Redis Cluster. Request hashes and output streams are addressed as ``ARGV`` prefix + request id; the
+prefix carries the same hash tag, which keeps those keys in the script's slot.
+
+Request states: queued -> running -> done | failed | cancelled. ``attempt`` counts claims; it fences every
+write a worker makes, so a worker whose lease expired (and whose request was re-run elsewhere) can never
+complete it a second time.
+"""
+
+from __future__ import annotations
+
+# Release a request's in-flight accounting (the paper's I[m] entry) exactly once.
+_RELEASE = """
+local function release(inflight, info, id)
+  local y = redis.call('HGET', inflight, id)
+  if y then
+    redis.call('HDEL', inflight, id)
+    redis.call('HINCRBY', info, 'load', -tonumber(y))
+  end
+end
+"""
+
+# KEYS: req, inflight, info, queue, wake
+# ARGV: id, payload, y, y90, score, t_enq, ttl_s, decision, program_id
+# Returns 1 when enqueued, 0 when the request id already exists (nothing is changed).
+ENQUEUE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'payload', ARGV[2], 'y', ARGV[3], 'y90', ARGV[4], 'score', ARGV[5],
+           't_enq', ARGV[6], 'state', 'queued', 'attempt', 0, 'decision', ARGV[8], 'program_id', ARGV[9])
+redis.call('EXPIRE', KEYS[1], ARGV[7])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('HINCRBY', KEYS[3], 'load', ARGV[3])
+redis.call('ZADD', KEYS[4], ARGV[5], ARGV[1])
+redis.call('RPUSH', KEYS[5], 1)
+redis.call('LTRIM', KEYS[5], -1, -1)
+return 1
+"""
+
+# KEYS: queue, claims, inflight, info
+# ARGV: n, lease_deadline_ms, worker_id, now_s, req_prefix
+# Pops up to n requests in score order and claims each. Returns {id, payload, y, y90, t_enq, attempt}*.
+CLAIM = (
+    _RELEASE
+    + """
+local out = {}
+for _ = 1, tonumber(ARGV[1]) do
+  local popped = redis.call('ZPOPMIN', KEYS[1])
+  if #popped == 0 then break end
+  local id = popped[1]
+  local rk = ARGV[5] .. id
+  if redis.call('HGET', rk, 'state') == 'queued' then
+    local attempt = redis.call('HINCRBY', rk, 'attempt', 1)
+    redis.call('HSET', rk, 'state', 'running', 'worker', ARGV[3], 't_claim', ARGV[4])
+    if attempt == 1 then redis.call('HSET', rk, 't_first_claim', ARGV[4]) end
+    redis.call('ZADD', KEYS[2], ARGV[2], id)
+    local f = redis.call('HMGET', rk, 'payload', 'y', 'y90', 't_enq')
+    out[#out + 1] = {id, f[1], f[2], f[3], f[4], tostring(attempt)}
+  else
+    -- Its hash expired while it waited (retention passed): nobody is listening; free its load.
+    release(KEYS[3], KEYS[4], id)
+  end
+end
+return out
+"""
+)
+
+# KEYS: claims
+# ARGV: lease_deadline_ms, req_prefix, then id, attempt pairs
+# Extends the leases the caller still holds. Returns {lost_ids, cancel_ids}: requests whose lease the
+# caller no longer holds (re-run elsewhere or finished), and requests someone asked to cancel.
+RENEW = """
+local lost, cancel = {}, {}
+for i = 3, #ARGV, 2 do
+  local id, attempt = ARGV[i], ARGV[i + 1]
+  local rk = ARGV[2] .. id
+  local f = redis.call('HMGET', rk, 'attempt', 'state', 'cancel')
+  if f[1] ~= attempt or f[2] ~= 'running' then
+    lost[#lost + 1] = id
+  else
+    redis.call('ZADD', KEYS[1], 'XX', ARGV[1], id)
+    if f[3] then cancel[#cancel + 1] = id end
+  end
+end
+return {lost, cancel}
+"""
+
+# KEYS: req, claims, inflight, info, output, traces
+# ARGV: id, attempt, final_state, event_json, trace_json ('' for none), retention_s, stream_maxlen,
+#       traces_maxlen, now_s
+# Returns 1 if this attempt still held the request and finished it, 0 otherwise (nothing changed).
+COMPLETE = (
+    _RELEASE
+    + """
+local f = redis.call('HMGET', KEYS[1], 'attempt', 'state')
+if f[1] ~= ARGV[2] or f[2] ~= 'running' then return 0 end
+redis.call('ZREM', KEYS[2], ARGV[1])
+release(KEYS[3], KEYS[4], ARGV[1])
+redis.call('HSET', KEYS[1], 'state', ARGV[3], 't_done', ARGV[9])
+redis.call('EXPIRE', KEYS[1], ARGV[6])
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[7], '*', 'ev', ARGV[4])
+redis.call('EXPIRE', KEYS[5], ARGV[6])
+if ARGV[5] ~= '' then
+  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[8], '*', 'row', ARGV[5])
+end
+return 1
+"""
+)
+
+# KEYS: req, queue, inflight, info, output
+# ARGV: id, event_json, retention_s, now_s
+# A queued request is removed and answered at once; a running one is flagged for its worker, which aborts
+# the engine request and completes it as cancelled. Returns the state the request was found in.
+CANCEL = (
+    _RELEASE
+    + """
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then return 'missing' end
+if st == 'queued' then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  release(KEYS[3], KEYS[4], ARGV[1])
+  redis.call('HSET', KEYS[1], 'state', 'cancelled', 't_done', ARGV[4])
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+  redis.call('XADD', KEYS[5], '*', 'ev', ARGV[2])
+  redis.call('EXPIRE', KEYS[5], ARGV[3])
+elseif st == 'running' then
+  redis.call('HSET', KEYS[1], 'cancel', 1)
+end
+return st
+"""
+)
+
+# KEYS: claims, queue, inflight, info
+# ARGV: now_ms, req_prefix, out_prefix, max_attempts, retention_s, failed_event_json, now_s
+# Moves every claim whose lease expired back to the queue with its original score (so it keeps its place
+# in the schedule); after max_attempts it fails the request instead of looping on a poison input.
+# Returns the ids re-queued.
+REAP = (
+    _RELEASE
+    + """
+local requeued = {}
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+for _, id in ipairs(expired) do
+  redis.call('ZREM', KEYS[1], id)
+  local rk = ARGV[2] .. id
+  local f = redis.call('HMGET', rk, 'state', 'attempt', 'score', 'cancel')
+  if f[1] == 'running' then
+    if f[4] or tonumber(f[2]) >= tonumber(ARGV[4]) then
+      release(KEYS[3], KEYS[4], id)
+      local final = f[4] and 'cancelled' or 'failed'
+      redis.call('HSET', rk, 'state', final, 't_done', ARGV[7])
+      redis.call('EXPIRE', rk, ARGV[5])
+      local ok = ARGV[3] .. id
+      redis.call('XADD', ok, '*', 'ev', ARGV[6])
+      redis.call('EXPIRE', ok, ARGV[5])
+    else
+      redis.call('HSET', rk, 'state', 'queued')
+      redis.call('ZADD', KEYS[2], f[3], id)
+      requeued[#requeued + 1] = id
+    end
+  elseif not f[1] then
+    release(KEYS[3], KEYS[4], id)
+  end
+end
+return requeued
+"""
+)
+
+# KEYS: program
+# ARGV: engine, model, workflow, stage, request_id, ttl_s, confidences_json, now_s
+# Records a program's engine on its first stage and checks later stages. Returns {status, engine, model}:
+# status 'new' | 'ok' | 'backwards' (stage index lower than the last one seen; nothing changed).
+ASSIGN = """
+local f = redis.call('HMGET', KEYS[1], 'engine', 'model', 'stage')
+if not f[1] then
+  redis.call('HSET', KEYS[1], 'engine', ARGV[1], 'model', ARGV[2], 'workflow', ARGV[3], 'stage', ARGV[4],
+             'request_id', ARGV[5], 'confidences', ARGV[7], 'created', ARGV[8], 'updated', ARGV[8])
+  redis.call('EXPIRE', KEYS[1], ARGV[6])
+  return {'new', ARGV[1], ARGV[2]}
+end
+if tonumber(ARGV[4]) < tonumber(f[3]) then return {'backwards', f[1], f[2]} end
+redis.call('HSET', KEYS[1], 'stage', ARGV[4], 'request_id', ARGV[5], 'updated', ARGV[8])
+redis.call('EXPIRE', KEYS[1], ARGV[6])
+return {'ok', f[1], f[2]}
+"""

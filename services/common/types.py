@@ -1,0 +1,204 @@
+"""Typed, frozen data contracts that cross service boundaries.
+
+Protobuf messages are converted to these at the gRPC edge (each service's ``server.py``) and nowhere else;
+Redis holds them as JSON produced by ``to_json``/``from_json`` here, so every reader agrees on the shape.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant"]
+ROLES: frozenset[str] = frozenset({"system", "user", "assistant"})
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StageRequest:
+    """One stage of one workflow, as validated by the front door."""
+
+    request_id: str
+    program_id: str
+    stage: int
+    workflow: str
+    messages: tuple[ChatMessage, ...]
+    sampling: SamplingParams
+    # A model name the client pinned, or None to let the policy choose.
+    model_pin: str | None = None
+    # Absolute unix time after which the request is useless to the caller; None means no deadline.
+    deadline_unix: float | None = None
+    # When the front door accepted it: end-to-end time is measured from here.
+    received_unix: float = 0.0
+
+    def system_text(self) -> str:
+        return "\n".join(m.content for m in self.messages if m.role == "system")
+
+    def user_text(self) -> str:
+        """The task text: the first user message. Router input and the predictor's text sketch."""
+        return next((m.content for m in self.messages if m.role == "user"), "")
+
+    def prompt_text(self) -> str:
+        """The whole stage input, history included (what the engine prefills)."""
+        return "\n".join(m.content for m in self.messages)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @staticmethod
+    def from_json(raw: str | bytes) -> StageRequest:
+        d = json.loads(raw)
+        d["messages"] = tuple(ChatMessage(**m) for m in d["messages"])
+        s = d["sampling"]
+        s["stop"] = tuple(s.get("stop", ()))
+        d["sampling"] = SamplingParams(**s)
+        return StageRequest(**d)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineProfile:
+    """How fast an engine decodes, as measured by ``chimera profile`` (never typed in by hand)."""
+
+    decode_ms_per_token: float
+    max_batch_size: int
+    prefill_ms_per_token: float = 0.0
+    # (batch size, decode step time in ms) points of the measured curve, ascending by batch size.
+    step_ms: tuple[tuple[int, float], ...] = ()
+
+    def step_time_ms(self, batch: int) -> float:
+        """Decode step time at ``batch`` sequences, interpolated linearly on the measured curve."""
+        if not self.step_ms:
+            return self.decode_ms_per_token
+        pts = self.step_ms
+        if batch <= pts[0][0]:
+            return pts[0][1]
+        for (b0, t0), (b1, t1) in zip(pts, pts[1:], strict=False):
+            if batch <= b1:
+                return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
+        (b0, t0), (b1, t1) = pts[-2:] if len(pts) > 1 else (pts[0], pts[0])
+        slope = (t1 - t0) / (b1 - b0) if b1 != b0 else 0.0
+        return t1 + slope * (batch - b1)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @staticmethod
+    def from_json(raw: str | bytes) -> EngineProfile:
+        d = json.loads(raw)
+        d["step_ms"] = tuple((int(b), float(t)) for b, t in d.get("step_ms", ()))
+        return EngineProfile(**d)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    """What the load balancer sees of one engine at decision time."""
+
+    engine_id: str
+    model: str
+    profile: EngineProfile
+    # Sum of predicted remaining tokens of every request dispatched to it and not yet finished.
+    inflight_tokens: int
+    queued: int = 0
+    running: int = 0
+    alive: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """Predicted total remaining output tokens of the workflow (this stage and all later ones)."""
+
+    p50: int
+    p90: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRequest:
+    """A request a worker has popped: it holds the lease for ``attempt`` until it completes or dies."""
+
+    engine: str
+    request: StageRequest
+    predicted: int
+    predicted_p90: int
+    attempt: int
+    enqueued_unix: float
+    claimed_unix: float
+
+
+@dataclass(frozen=True, slots=True)
+class StageResult:
+    """What an engine produced for one request."""
+
+    text: str
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRow:
+    """One completed stage, recorded for retraining the router and the predictor.
+
+    The workload generator writes rows of exactly this shape, so training cannot tell recorded traces from
+    generated ones. The remaining-workflow target is derived at training time by summing
+    ``completion_tokens`` of this and later stages of the same program.
+    """
+
+    request_id: str
+    program_id: str
+    workflow: str
+    stage: int
+    engine: str
+    model: str
+    system_text: str
+    user_text: str
+    prompt_text: str
+    prompt_tokens: int
+    completion_tokens: int
+    predicted: int
+    predicted_p90: int
+    queue_wait_s: float
+    run_s: float
+    finish_reason: str
+    attempt: int = 1
+    enqueued_unix: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @staticmethod
+    def from_json(raw: str | bytes) -> TraceRow:
+        return TraceRow(**json.loads(raw))
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeRow:
+    """A finished workflow's score, joined with its stage traces by ``program_id`` at training time."""
+
+    program_id: str
+    workflow: str
+    model: str
+    engine: str
+    outcome: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @staticmethod
+    def from_json(raw: str | bytes) -> OutcomeRow:
+        return OutcomeRow(**json.loads(raw))

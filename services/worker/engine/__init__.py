@@ -1,0 +1,1 @@
+"""Engines behind one small interface: simulated (profile-driven), vLLM in-process, remote OpenAI server."""

@@ -1,0 +1,53 @@
+"""The interface every engine implements; the worker knows nothing else about an engine.
+
+NOTE(engine): an engine runs continuous batching on its own; the worker decides *what* it gets and *when*
+(only while ``running() < max_num_seqs + prefetch``), so that the schedule stays in the Redis queue and not
+in the engine's own waiting list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from services.common.types import EngineProfile, StageRequest
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutput:
+    """One step of one request: new text since the last output, and the totals once finished."""
+
+    text_delta: str
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled" once finished
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class EngineDeadError(RuntimeError):
+    """The engine process is gone; the worker exits so that its claims are re-queued."""
+
+
+class Engine(Protocol):
+    model: str  # the model name the dispatcher routes by
+    max_num_seqs: int  # sequences the engine runs at once
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def generate(self, request: StageRequest, key: str, priority: int) -> AsyncIterator[EngineOutput]:
+        """Run one request. ``key`` is unique per attempt; ``priority`` (lower first) is passed to
+        engines that have their own priority scheduler as a second line of defence."""
+        ...
+
+    async def abort(self, key: str) -> None: ...
+
+    def running(self) -> int:
+        """Requests admitted and not yet finished."""
+        ...
+
+    def profile(self) -> EngineProfile | None:
+        """The engine's measured profile if it knows one (a simulated engine does by construction)."""
+        ...

@@ -1,0 +1,33 @@
+"""Shared fixtures. Tests never touch a Redis they did not start: each session gets a private
+``redis-server`` on a Unix socket, and each test a unique key prefix."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from services.common.keys import Keys
+from services.common.redis_proc import PrivateRedis, start_private_redis
+
+
+@pytest.fixture(scope="session")
+def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedis]:
+    server = start_private_redis(Path(tmp_path_factory.mktemp("redis")))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def keys() -> Keys:
+    return Keys(prefix=f"t{uuid.uuid4().hex[:10]}")
+
+
+@pytest.fixture
+async def redis_client(private_redis: PrivateRedis) -> AsyncIterator[Redis]:
+    client = Redis.from_url(private_redis.url, decode_responses=True)
+    yield client
+    await client.aclose()

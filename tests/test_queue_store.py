@@ -1,0 +1,109 @@
+"""The queue scripts against a real redis-server: dispatch, claim, lease, completion, cancel, reap."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from redis.asyncio import Redis
+
+from services.common.keys import Keys
+from services.common.queue import QueueStore, Retention
+from services.common.types import (
+    ChatMessage,
+    Prediction,
+    SamplingParams,
+    StageRequest,
+    StageResult,
+)
+
+pytestmark = pytest.mark.redis
+
+
+def _req(rid: str, program: str = "p1", stage: int = 0) -> StageRequest:
+    return StageRequest(
+        request_id=rid,
+        program_id=program,
+        stage=stage,
+        workflow="code/coder",
+        messages=(ChatMessage("user", f"task {rid}"),),
+        sampling=SamplingParams(max_tokens=16),
+    )
+
+
+async def _load(r: Redis, keys: Keys, engine: str) -> int:
+    return int(await r.hget(keys.engine_info(engine), "load") or 0)
+
+
+async def test_enqueue_claim_complete_round_trip(redis_client: Redis, keys: Keys) -> None:
+    q = QueueStore(redis_client, keys)
+    for rid, y in [("a", 300), ("b", 100), ("c", 200)]:
+        assert await q.enqueue("e0", _req(rid), Prediction(y, 2 * y), float(y), time.time(), {"why": rid})
+    assert await _load(redis_client, keys, "e0") == 600
+    assert not await q.enqueue("e0", _req("a"), Prediction(1, 1), 1.0, time.time(), {})
+    assert await _load(redis_client, keys, "e0") == 600
+
+    claimed = await q.claim("e0", "w1", 2, lease_s=5)
+    assert [c.request.request_id for c in claimed] == ["b", "c"]
+    assert claimed[0].attempt == 1 and claimed[0].predicted == 100
+    res = StageResult("hi", "stop", 3, 2)
+    assert await q.complete(claimed[0], res, None)
+    assert not await q.complete(claimed[0], res, None)  # already finished: nothing written twice
+    assert await _load(redis_client, keys, "e0") == 500
+    events = await q.read_events("e0", "b", "0", 10)
+    assert [e.data["t"] for e in events] == ["final"]
+    assert events[0].data["text"] == "hi"
+
+
+async def test_expired_lease_is_requeued_and_stale_worker_fenced(redis_client: Redis, keys: Keys) -> None:
+    q = QueueStore(redis_client, keys, Retention(max_attempts=3))
+    await q.enqueue("e0", _req("a"), Prediction(10, 20), 10.0, time.time(), {})
+    first = (await q.claim("e0", "w1", 1, lease_s=0.05))[0]
+    await asyncio.sleep(0.1)
+    assert await q.reap("e0") == ["a"]
+    second = (await q.claim("e0", "w2", 1, lease_s=5))[0]
+    assert second.attempt == 2
+    renewed = await q.renew("e0", {"a": first.attempt}, 5)
+    assert renewed.lost == {"a"}
+    assert not await q.complete(first, StageResult("stale", "stop", 1, 1), None)
+    assert await q.complete(second, StageResult("fresh", "stop", 1, 1), None)
+    assert await _load(redis_client, keys, "e0") == 0
+    finals = [e.data for e in await q.read_events("e0", "a", "0", 10) if e.data["t"] == "final"]
+    assert [f["text"] for f in finals] == ["fresh"]
+
+
+async def test_cancel_queued_and_running(redis_client: Redis, keys: Keys) -> None:
+    q = QueueStore(redis_client, keys)
+    await q.enqueue("e0", _req("a"), Prediction(10, 20), 10.0, time.time(), {})
+    await q.enqueue("e0", _req("b"), Prediction(20, 20), 20.0, time.time(), {})
+    running = (await q.claim("e0", "w1", 1, lease_s=5))[0]
+    assert await q.cancel("e0", "b") == "queued"
+    assert await redis_client.zcard(keys.queue("e0")) == 0
+    assert await q.cancel("e0", "a") == "running"
+    renewed = await q.renew("e0", {"a": running.attempt}, 5)
+    assert renewed.cancelled == {"a"}
+    assert await q.complete(running, StageResult("", "cancelled", 1, 0), None)
+    assert await _load(redis_client, keys, "e0") == 0
+    assert await q.cancel("e0", "zzz") == "missing"
+
+
+async def test_poison_request_fails_after_max_attempts(redis_client: Redis, keys: Keys) -> None:
+    q = QueueStore(redis_client, keys, Retention(max_attempts=2))
+    await q.enqueue("e0", _req("a"), Prediction(10, 20), 10.0, time.time(), {})
+    for _ in range(2):
+        await q.claim("e0", "w", 1, lease_s=0.01)
+        await asyncio.sleep(0.03)
+        await q.reap("e0")
+    fields = await q.request_fields("e0", "a")
+    assert fields["state"] == "failed"
+    assert await _load(redis_client, keys, "e0") == 0
+    events = await q.read_events("e0", "a", "0", 10)
+    assert events[-1].data["t"] == "error"
+
+
+async def test_assign_is_sticky_and_rejects_backwards_stages(redis_client: Redis, keys: Keys) -> None:
+    q = QueueStore(redis_client, keys)
+    assert await q.assign("p", "e1", "m1", "wf", 0, "r0", 60, {"m1": 0.5}) == ("new", "e1", "m1")
+    assert await q.assign("p", "e2", "m2", "wf", 1, "r1", 60, {}) == ("ok", "e1", "m1")
+    assert (await q.assign("p", "e1", "m1", "wf", 0, "r2", 60, {}))[0] == "backwards"
