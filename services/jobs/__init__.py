@@ -1,0 +1,1 @@
+"""Background jobs (Celery), off the hot path: trace export, retraining, engine profiling."""

@@ -1,0 +1,66 @@
+"""The Celery app of the background jobs, built from settings (no module-level app: tests build their own).
+
+Task names are stable strings so that any process can enqueue a job by name (``app.send_task``) without
+importing the task code or its heavy dependencies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import redis
+from celery import Celery
+
+from services.common.keys import Keys
+from services.jobs.config import JobsSettings
+from services.jobs.export import export_traces
+
+EXPORT_TRACES = "chimera.jobs.export_traces"
+
+
+def make_app(settings: JobsSettings, *, eager: bool = False) -> Celery:
+    """Build the app and register its tasks. ``eager`` runs tasks inline (unit tests; no broker)."""
+    app = Celery("chimera-jobs", set_as_current=False)
+    prefix = {"global_keyprefix": settings.celery_key_prefix}
+    app.conf.update(
+        broker_url="memory://" if eager else settings.broker_url,
+        result_backend="cache+memory://" if eager else settings.result_backend,
+        broker_transport_options=prefix,
+        result_backend_transport_options=prefix,
+        broker_connection_retry_on_startup=True,
+        task_always_eager=eager,
+        task_eager_propagates=eager,
+        task_default_queue=settings.queue,
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_expires=settings.result_expires_s,
+        # Jobs are long and few: a worker takes one at a time so a queued job is never stuck behind a
+        # running one in a busy process's prefetch buffer.
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        task_acks_late=False,  # per task, and only where the task is idempotent
+        beat_schedule=_schedule(settings),
+    )
+    _register(app, settings)
+    return app
+
+
+def _schedule(settings: JobsSettings) -> dict[str, dict[str, Any]]:
+    if settings.export_interval_s <= 0:
+        return {}
+    return {"export-traces": {"task": EXPORT_TRACES, "schedule": settings.export_interval_s}}
+
+
+def _register(app: Celery, settings: JobsSettings) -> None:
+    keys = Keys(settings.key_prefix)
+
+    # Idempotent (cursor + lease, see services.jobs.export): safe to redeliver after a lost worker.
+    @app.task(name=EXPORT_TRACES, acks_late=True)  # type: ignore[untyped-decorator]
+    def export_traces_task() -> dict[str, Any]:
+        with redis.Redis.from_url(settings.redis_url, decode_responses=True) as r:
+            report = export_traces(
+                r, keys, settings.traces_dir, settings.export_batch, settings.export_lock_s
+            )
+        return {"busy": report.busy, "rows": report.rows, "streams": [asdict(s) for s in report.streams]}

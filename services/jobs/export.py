@@ -1,0 +1,229 @@
+"""Trace export: copy every engine's trace stream and the outcome stream into JSONL files, exactly once.
+
+NOTE(export): the streams are capped (``Retention.traces_maxlen``), so rows must be copied out before they
+are trimmed; training then reads files instead of scanning Redis. Layout under ``traces_dir``:
+``traces-<engine>.jsonl`` (one ``TraceRow.to_json()`` per line) and ``outcomes.jsonl`` (``OutcomeRow``).
+
+Exactly once, even when the task runs twice at once, is retried after a crash, or is killed mid-batch:
+
+* A lease (``lock_key``: a random token, ``SET NX PX``) lets one export run at a time; a second run
+  returns at once with ``busy=True``.
+* After each batch is appended and fsynced, one Lua script checks the lease is still ours, records the
+  stream's cursor and renews the lease (``cursor_key``: HASH stream key -> JSON
+  ``{"last_id": <last exported stream id>, "bytes": <file size after that batch>}``).
+* A run that died between the append and the cursor leaves bytes past the recorded size: the next run
+  truncates the file back to the recorded size and reads those rows from the stream again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import secrets
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from services.common.keys import Keys
+from services.common.types import OutcomeRow, TraceRow
+
+log = logging.getLogger(__name__)
+
+# KEYS: lock, cursor; ARGV: token, lease_ms, field, value. Returns 1 if recorded, 0 if the lease was lost.
+_COMMIT = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+# KEYS: lock; ARGV: token. Deletes the lease only if it is still ours.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def cursor_key(keys: Keys) -> str:
+    """HASH stream key -> JSON cursor of the last exported entry. Written only by ``export_traces``."""
+    return f"{keys.prefix}:{{jobs}}:export:cursor"
+
+
+def lock_key(keys: Keys) -> str:
+    """STRING lease token of the running export; PX = the lease. Shares the cursor's hash tag (one script)."""
+    return f"{keys.prefix}:{{jobs}}:export:lock"
+
+
+def trace_file(traces_dir: Path, engine: str) -> Path:
+    # Engine ids are validated elsewhere, but a file name must never escape the folder whatever they hold.
+    return traces_dir / f"traces-{re.sub(r'[^A-Za-z0-9_.-]', '_', engine)}.jsonl"
+
+
+def outcome_file(traces_dir: Path) -> Path:
+    return traces_dir / "outcomes.jsonl"
+
+
+class ExportBusy(Exception):
+    """Another export holds the lease."""
+
+
+class LeaseLost(Exception):
+    """The lease expired mid-export and another run may own the files now: stop writing."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamExport:
+    stream: str
+    path: str
+    rows: int  # lines appended by this run
+    skipped: int  # entries that did not parse as their row type (logged, not written)
+    truncated_bytes: int  # bytes of a dead run's unrecorded batch removed before appending
+
+
+@dataclass(frozen=True, slots=True)
+class ExportReport:
+    busy: bool = False
+    streams: tuple[StreamExport, ...] = field(default_factory=tuple)
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.streams)
+
+
+def _trace_line(raw: dict[str, str]) -> str:
+    return TraceRow.from_json(raw["row"]).to_json()
+
+
+def _outcome_line(raw: dict[str, str]) -> str:
+    # Same two shapes ``services.common.tracestore`` reads: one JSON ``row`` field, or the fields flat.
+    if "row" in raw:
+        return OutcomeRow.from_json(raw["row"]).to_json()
+    row = OutcomeRow(
+        program_id=raw["program_id"],
+        workflow=raw.get("workflow", ""),
+        model=raw["model"],
+        engine=raw.get("engine", ""),
+        outcome=float(raw["outcome"]),
+    )
+    return row.to_json()
+
+
+@contextmanager
+def _lease(r: redis.Redis, keys: Keys, lease_ms: int) -> Iterator[str]:
+    token = secrets.token_hex(16)
+    if not r.set(lock_key(keys), token, nx=True, px=lease_ms):
+        raise ExportBusy
+    try:
+        yield token
+    finally:
+        r.eval(_RELEASE, 1, lock_key(keys), token)
+
+
+def _read_cursor(r: redis.Redis, keys: Keys, stream: str) -> tuple[str, int | None]:
+    raw = r.hget(cursor_key(keys), stream)
+    if raw is None:
+        return "0-0", None
+    d = json.loads(raw)
+    return str(d["last_id"]), int(d["bytes"])
+
+
+def _reconcile(path: Path, recorded: int | None) -> int:
+    """Make the file end where the cursor says; returns how many unrecorded bytes were cut."""
+    size = path.stat().st_size if path.exists() else 0
+    if recorded is None or size == recorded:
+        return 0
+    if size > recorded:
+        with path.open("r+b") as f:
+            f.truncate(recorded)
+        return size - recorded
+    log.warning(
+        "%s is shorter than exported (%d < %d bytes): rotated by hand? appending", path, size, recorded
+    )
+    return 0
+
+
+def _warn_if_trimmed(r: redis.Redis, stream: str, last_id: str) -> None:
+    info = r.xinfo_stream(stream)
+    deleted = str(info.get("max-deleted-entry-id") or "0-0")
+    if _id_tuple(deleted) > _id_tuple(last_id):
+        log.warning(
+            "%s was trimmed past the export cursor %s (up to %s): rows lost", stream, last_id, deleted
+        )
+
+
+def _id_tuple(stream_id: str) -> tuple[int, int]:
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def export_stream(
+    r: redis.Redis,
+    keys: Keys,
+    token: str,
+    stream: str,
+    path: Path,
+    to_line: Callable[[dict[str, str]], str],
+    batch: int,
+    lease_ms: int,
+) -> StreamExport:
+    """Append entries after the stream's cursor to ``path``, up to the entry that was newest at the start."""
+    last_id, recorded = _read_cursor(r, keys, stream)
+    truncated = _reconcile(path, recorded)
+    newest = r.xrevrange(stream, count=1)
+    rows = skipped = 0
+    if newest:
+        if last_id != "0-0":
+            _warn_if_trimmed(r, stream, last_id)
+        end = str(newest[0][0])  # bound the run: rows arriving meanwhile wait for the next one
+        path.parent.mkdir(parents=True, exist_ok=True)
+        while _id_tuple(last_id) < _id_tuple(end):
+            entries = r.xrange(stream, min=f"({last_id}", max=end, count=batch)
+            if not entries:
+                break
+            lines = []
+            for entry_id, fields in entries:
+                try:
+                    lines.append(to_line({str(k): str(v) for k, v in (fields or {}).items()}) + "\n")
+                except (KeyError, TypeError, ValueError) as e:
+                    skipped += 1
+                    log.warning("skipping entry %s of %s: %r", entry_id, stream, e)
+            with path.open("ab") as f:
+                f.write("".join(lines).encode())
+                f.flush()
+                os.fsync(f.fileno())
+                size = f.tell()
+            last_id = str(entries[-1][0])
+            value = json.dumps({"last_id": last_id, "bytes": size})
+            if not r.eval(_COMMIT, 2, lock_key(keys), cursor_key(keys), token, lease_ms, stream, value):
+                raise LeaseLost(stream)
+            rows += len(lines)
+    return StreamExport(stream, str(path), rows, skipped, truncated)
+
+
+def export_traces(r: redis.Redis, keys: Keys, traces_dir: Path, batch: int, lease_s: float) -> ExportReport:
+    """Export every registered engine's trace stream and the outcome stream. ``r`` must decode responses."""
+    lease_ms = int(lease_s * 1000)
+    engines = sorted(str(e) for e in r.smembers(keys.engines()))
+    try:
+        with _lease(r, keys, lease_ms) as token:
+            done = [
+                export_stream(
+                    r, keys, token, keys.traces(e), trace_file(traces_dir, e), _trace_line, batch, lease_ms
+                )
+                for e in engines
+            ]
+            done.append(
+                export_stream(
+                    r, keys, token, keys.outcomes(), outcome_file(traces_dir), _outcome_line, batch, lease_ms
+                )
+            )
+    except ExportBusy:
+        log.info("another trace export is running; skipping")
+        return ExportReport(busy=True)
+    report = ExportReport(streams=tuple(done))
+    log.info("exported %d rows from %d streams into %s", report.rows, len(done), traces_dir)
+    return report

@@ -1,0 +1,95 @@
+"""Container health checks (compose ``healthcheck``): exit 0 when healthy, 1 otherwise, reason on stderr.
+
+python -m services.jobs.healthcheck grpc 127.0.0.1:50061     # grpc.health.v1 says SERVING
+python -m services.jobs.healthcheck heartbeat [ENGINE]       # the engine's worker heartbeat is fresh
+python -m services.jobs.healthcheck celery                   # this host's jobs worker answers a ping
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import time
+
+import grpc
+import redis
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.common.config import CommonSettings
+from services.common.keys import Keys
+
+log = logging.getLogger("healthcheck")
+JOBS_NODE = "chimera-jobs"  # the worker's --hostname is f"{JOBS_NODE}@%h"
+
+
+def check_grpc(addr: str, timeout_s: float = 2.0, service: str = "") -> bool:
+    try:
+        with grpc.insecure_channel(addr) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+    except grpc.RpcError as e:
+        log.error("%s: %s", addr, e.code())
+        return False
+    ok: bool = reply.status == health_pb2.HealthCheckResponse.SERVING
+    if not ok:
+        log.error("%s: %s", addr, health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+    return ok
+
+
+def check_heartbeat(r: redis.Redis, keys: Keys, engine: str, max_age_s: float) -> bool:
+    try:
+        raw = r.hget(keys.engine_info(engine), "heartbeat_ms")
+    except redis.RedisError as e:
+        log.error("redis: %s", e)
+        return False
+    if raw is None:
+        log.error("engine %s has no heartbeat", engine)
+        return False
+    age_s = time.time() - float(raw) / 1000
+    if age_s > max_age_s:
+        log.error("engine %s heartbeat is %.1f s old (limit %.1f s)", engine, age_s, max_age_s)
+        return False
+    return True
+
+
+def check_celery(timeout_s: float = 2.0) -> bool:
+    from services.jobs.app import make_app  # Celery is imported only by the check that needs it
+    from services.jobs.config import JobsSettings
+
+    app = make_app(JobsSettings())
+    replies = app.control.ping(destination=[f"{JOBS_NODE}@{socket.gethostname()}"], timeout=timeout_s)
+    if not replies:
+        log.error("jobs worker on %s did not answer", socket.gethostname())
+    return bool(replies)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="healthcheck: %(message)s")
+    p = argparse.ArgumentParser(prog="python -m services.jobs.healthcheck")
+    sub = p.add_subparsers(dest="what", required=True)
+    g = sub.add_parser("grpc")
+    g.add_argument("addr")
+    g.add_argument("--service", default="")
+    g.add_argument("--timeout-s", type=float, default=2.0)
+    h = sub.add_parser("heartbeat")
+    h.add_argument("engine", nargs="?", default=os.environ.get("CHIMERA_WORKER_ENGINE_ID"))
+    h.add_argument("--max-age-s", type=float, default=30.0)
+    c = sub.add_parser("celery")
+    c.add_argument("--timeout-s", type=float, default=2.0)
+    a = p.parse_args(argv)
+    if a.what == "grpc":
+        return 0 if check_grpc(a.addr, a.timeout_s, a.service) else 1
+    if a.what == "heartbeat":
+        if not a.engine:
+            p.error("no engine id: pass one or set CHIMERA_WORKER_ENGINE_ID")
+        common = CommonSettings()
+        with redis.Redis.from_url(common.redis_url, decode_responses=True) as r:
+            return 0 if check_heartbeat(r, Keys(common.key_prefix), a.engine, a.max_age_s) else 1
+    return 0 if check_celery(a.timeout_s) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
