@@ -24,7 +24,7 @@ def main() -> None:
         f"--loglevel={settings.log_level}",
         "--hostname=chimera-jobs@%h",
     ]
-    if settings.beat:
+    if settings.beat and app.conf.beat_schedule:
         argv += ["--beat", f"--schedule={settings.state_dir / 'beat-schedule'}"]
 
     def ready(**_: Any) -> None:

@@ -57,7 +57,9 @@ def _register(app: Celery, settings: JobsSettings) -> None:
     keys = Keys(settings.key_prefix)
 
     # Idempotent (cursor + lease, see services.jobs.export): safe to redeliver after a lost worker.
-    @app.task(name=EXPORT_TRACES, acks_late=True)  # type: ignore[untyped-decorator]
+    # shared=False: a shared task is added to every Celery app created later in the process, so a second
+    # app (another test, other settings) would silently run the first app's closure.
+    @app.task(name=EXPORT_TRACES, acks_late=True, shared=False)  # type: ignore[untyped-decorator]
     def export_traces_task() -> dict[str, Any]:
         with redis.Redis.from_url(settings.redis_url, decode_responses=True) as r:
             report = export_traces(

@@ -1,0 +1,202 @@
+"""Background jobs: settings, app wiring, the exactly-once trace export (eager) and health checks.
+
+The real-worker end-to-end test is in ``test_jobs_worker.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pydantic
+import pytest
+import redis
+from celery import Celery
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from services.common.keys import Keys
+from services.common.redis_proc import PrivateRedis
+from services.common.types import OutcomeRow, TraceRow
+from services.jobs import healthcheck
+from services.jobs.app import EXPORT_TRACES, make_app
+from services.jobs.config import JobsSettings
+from services.jobs.export import cursor_key, export_traces, lock_key, outcome_file, trace_file
+
+ROW = TraceRow(
+    request_id="r0", program_id="p0", workflow="code", stage=0, engine="e0", model="m", system_text="s",
+    user_text="u", prompt_text="s\nu", prompt_tokens=5, completion_tokens=7, predicted=9, predicted_p90=12,
+    queue_wait_s=0.1, run_s=0.2, finish_reason="stop",
+)  # fmt: skip
+
+
+def trace(i: int, engine: str = "e0") -> TraceRow:
+    return replace(ROW, request_id=f"r{i}", program_id=f"p{i}", engine=engine, completion_tokens=i)
+
+
+def add_traces(r: redis.Redis, keys: Keys, engine: str, rows: list[TraceRow]) -> None:
+    """What QueueStore's completion script does: register the engine, XADD the row in field ``row``."""
+    r.sadd(keys.engines(), engine)
+    for row in rows:
+        r.xadd(keys.traces(engine), {"row": row.to_json()})
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.fixture
+def sync_redis(private_redis: PrivateRedis) -> Iterator[redis.Redis]:
+    with redis.Redis.from_url(private_redis.url, decode_responses=True) as r:
+        yield r
+
+
+@pytest.fixture
+def settings(private_redis: PrivateRedis, keys: Keys, tmp_path: Path) -> JobsSettings:
+    return JobsSettings(
+        redis_url=private_redis.url, key_prefix=keys.prefix, traces_dir=tmp_path / "traces", export_batch=3
+    )
+
+
+@pytest.mark.unit
+def test_settings_keep_celery_apart_from_the_dispatcher_and_validate() -> None:
+    s = JobsSettings()
+    assert s.broker_url.endswith("/1") and s.redis_url.endswith("/0")
+    with pytest.raises(pydantic.ValidationError):
+        JobsSettings(broker_url="amqp://localhost")
+    with pytest.raises(pydantic.ValidationError):
+        JobsSettings(celery_key_prefix="no-separator-at-the-end")
+    with pytest.raises(pydantic.ValidationError):
+        JobsSettings(export_batch=0)
+
+
+@pytest.mark.unit
+def test_environment_configures_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHIMERA_JOBS_QUEUE", "q7")
+    monkeypatch.setenv("CHIMERA_JOBS_EXPORT_INTERVAL_S", "0")
+    monkeypatch.setenv("CHIMERA_REDIS_URL", "redis://h:1/0")
+    s = JobsSettings()
+    assert (s.queue, s.export_interval_s, s.redis_url) == ("q7", 0.0, "redis://h:1/0")
+
+
+@pytest.mark.unit
+def test_app_wiring_acks_late_only_on_idempotent_tasks() -> None:
+    app = make_app(JobsSettings(queue="qx", celery_key_prefix="px:"))
+    assert app.conf.task_default_queue == "qx"
+    assert app.conf.task_acks_late is False
+    assert app.conf.broker_transport_options["global_keyprefix"] == "px:"
+    assert app.conf.result_backend_transport_options["global_keyprefix"] == "px:"
+    assert app.tasks[EXPORT_TRACES].acks_late is True
+    assert app.conf.beat_schedule["export-traces"]["task"] == EXPORT_TRACES
+    assert make_app(JobsSettings(export_interval_s=0)).conf.beat_schedule == {}
+
+
+@pytest.mark.unit
+def test_file_names_never_escape_the_folder(tmp_path: Path) -> None:
+    assert trace_file(tmp_path, "../../etc/x").parent == tmp_path
+    assert trace_file(tmp_path, "e0").name == "traces-e0.jsonl"
+    assert outcome_file(tmp_path).name == "outcomes.jsonl"
+
+
+@pytest.mark.redis
+def test_eager_export_writes_each_row_once(
+    settings: JobsSettings, keys: Keys, sync_redis: redis.Redis
+) -> None:
+    app: Celery = make_app(settings, eager=True)
+    add_traces(sync_redis, keys, "e0", [trace(i) for i in range(7)])  # 7 > batch of 3: several batches
+    add_traces(sync_redis, keys, "e1", [trace(100, "e1")])
+    outcome = OutcomeRow(program_id="p1", workflow="code", model="m", engine="e0", outcome=1.0)
+    sync_redis.xadd(keys.outcomes(), {"row": outcome.to_json()})
+    sync_redis.xadd(keys.outcomes(), {"program_id": "p2", "model": "m", "outcome": "0"})  # flat fields
+
+    first = app.tasks[EXPORT_TRACES].delay().get(timeout=10)
+    assert (first["busy"], first["rows"]) == (False, 10)
+    again = app.tasks[EXPORT_TRACES].delay().get(timeout=10)
+    assert again["rows"] == 0
+
+    d = settings.traces_dir
+    assert [TraceRow.from_json(x) for x in lines(d / "traces-e0.jsonl")] == [trace(i) for i in range(7)]
+    assert [TraceRow.from_json(x) for x in lines(d / "traces-e1.jsonl")] == [trace(100, "e1")]
+    got = [OutcomeRow.from_json(x) for x in lines(d / "outcomes.jsonl")]
+    assert got == [outcome, OutcomeRow(program_id="p2", workflow="", model="m", engine="", outcome=0.0)]
+
+    add_traces(sync_redis, keys, "e0", [trace(7)])
+    assert app.tasks[EXPORT_TRACES].delay().get(timeout=10)["rows"] == 1
+    assert len(lines(d / "traces-e0.jsonl")) == 8
+    assert sync_redis.get(lock_key(keys)) is None  # the lease is released
+
+
+@pytest.mark.redis
+def test_a_batch_appended_but_never_recorded_is_replaced_not_duplicated(
+    settings: JobsSettings, keys: Keys, sync_redis: redis.Redis
+) -> None:
+    d, s = settings.traces_dir, settings
+    add_traces(sync_redis, keys, "e0", [trace(i) for i in range(4)])
+    export_traces(sync_redis, keys, d, s.export_batch, s.export_lock_s)
+    add_traces(sync_redis, keys, "e0", [trace(4)])
+    # A run that died after appending row 4 but before recording the cursor left this behind:
+    with trace_file(d, "e0").open("a") as f:
+        f.write(trace(4).to_json() + "\n" + '{"half a li')
+    report = export_traces(sync_redis, keys, d, s.export_batch, s.export_lock_s)
+    (e0,) = [x for x in report.streams if x.stream == keys.traces("e0")]
+    assert e0.rows == 1 and e0.truncated_bytes > 0
+    assert [TraceRow.from_json(x) for x in lines(trace_file(d, "e0"))] == [trace(i) for i in range(5)]
+    cursor = json.loads(sync_redis.hget(cursor_key(keys), keys.traces("e0")) or "{}")
+    assert cursor["bytes"] == trace_file(d, "e0").stat().st_size
+
+
+@pytest.mark.redis
+def test_a_second_run_while_one_holds_the_lease_writes_nothing(
+    settings: JobsSettings, keys: Keys, sync_redis: redis.Redis
+) -> None:
+    add_traces(sync_redis, keys, "e0", [trace(0)])
+    sync_redis.set(lock_key(keys), "someone-else", px=10_000)
+    report = export_traces(sync_redis, keys, settings.traces_dir, 10, 5.0)
+    assert report.busy and report.rows == 0
+    assert not trace_file(settings.traces_dir, "e0").exists()
+    assert sync_redis.get(lock_key(keys)) == "someone-else"  # not released by a run that never held it
+
+
+@pytest.mark.redis
+def test_rows_that_do_not_parse_are_skipped_and_not_retried(
+    settings: JobsSettings, keys: Keys, sync_redis: redis.Redis
+) -> None:
+    add_traces(sync_redis, keys, "e0", [trace(0)])
+    sync_redis.xadd(keys.traces("e0"), {"row": '{"not": "a trace row"}'})
+    add_traces(sync_redis, keys, "e0", [trace(1)])
+    report = export_traces(sync_redis, keys, settings.traces_dir, 10, 5.0)
+    (e0,) = [x for x in report.streams if x.stream == keys.traces("e0")]
+    assert (e0.rows, e0.skipped) == (2, 1)
+    assert export_traces(sync_redis, keys, settings.traces_dir, 10, 5.0).rows == 0
+
+
+@pytest.mark.redis
+def test_heartbeat_check(keys: Keys, sync_redis: redis.Redis) -> None:
+    assert not healthcheck.check_heartbeat(sync_redis, keys, "e0", 5.0)
+    sync_redis.hset(keys.engine_info("e0"), "heartbeat_ms", int(time.time() * 1000))
+    assert healthcheck.check_heartbeat(sync_redis, keys, "e0", 5.0)
+    sync_redis.hset(keys.engine_info("e0"), "heartbeat_ms", int((time.time() - 60) * 1000))
+    assert not healthcheck.check_heartbeat(sync_redis, keys, "e0", 5.0)
+
+
+@pytest.mark.unit
+async def test_grpc_check_follows_the_health_service() -> None:
+    server = grpc.aio.server()
+    servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    addr = f"127.0.0.1:{port}"
+    try:
+        await servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        assert await asyncio.to_thread(healthcheck.check_grpc, addr, 2.0)
+        await servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        assert not await asyncio.to_thread(healthcheck.check_grpc, addr, 2.0)
+    finally:
+        await server.stop(0)
+    assert not await asyncio.to_thread(healthcheck.check_grpc, addr, 0.5)
+    assert healthcheck.main(["grpc", addr, "--timeout-s", "0.5"]) == 1
