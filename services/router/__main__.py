@@ -1,0 +1,19 @@
+"""``python -m services.router``: wiring only."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.common.logs import setup_logging
+from services.router.config import RouterSettings
+from services.router.server import run
+
+
+def main() -> None:
+    settings = RouterSettings()
+    setup_logging("router", settings.log_level)
+    asyncio.run(run(settings))
+
+
+if __name__ == "__main__":
+    main()
