@@ -1,12 +1,19 @@
-"""Background jobs: settings, app wiring, the exactly-once trace export (eager) and health checks.
+"""Background jobs: settings, app wiring, the exactly-once trace export and the health checks.
 
-The real-worker end-to-end test is in ``test_jobs_worker.py``.
+The export runs in eager mode for its logic, then in a real Celery worker process (``python -m
+services.jobs``) on the private redis-server: broker and backend reach it through its Unix socket
+(``redis+socket://``), in database 1, under a per-test key prefix and queue, so nothing here can touch
+another test's keys or any other Redis.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -200,3 +207,69 @@ async def test_grpc_check_follows_the_health_service() -> None:
         await server.stop(0)
     assert not await asyncio.to_thread(healthcheck.check_grpc, addr, 0.5)
     assert healthcheck.main(["grpc", addr, "--timeout-s", "0.5"]) == 1
+
+
+@pytest.fixture
+def env(private_redis: PrivateRedis, keys: Keys, tmp_path: Path) -> dict[str, str]:
+    broker = f"redis+socket://{private_redis.socket}?virtual_host=1"
+    return {
+        "CHIMERA_REDIS_URL": private_redis.url,
+        "CHIMERA_KEY_PREFIX": keys.prefix,
+        "CHIMERA_JOBS_BROKER_URL": broker,
+        "CHIMERA_JOBS_RESULT_BACKEND": broker,
+        "CHIMERA_JOBS_CELERY_KEY_PREFIX": f"{keys.prefix}-celery:",
+        "CHIMERA_JOBS_QUEUE": f"{keys.prefix}-jobs",
+        "CHIMERA_JOBS_CONCURRENCY": "2",
+        "CHIMERA_JOBS_TRACES_DIR": str(tmp_path / "traces"),
+        "CHIMERA_JOBS_STATE_DIR": str(tmp_path / "state"),
+        "CHIMERA_JOBS_EXPORT_BATCH": "4",
+        "CHIMERA_JOBS_EXPORT_INTERVAL_S": "0",  # only the tasks this test sends
+    }
+
+
+@pytest.fixture
+def worker(env: dict[str, str], tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    log = (tmp_path / "worker.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.jobs"],
+        env={**os.environ, **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own group: the pool children are ended with it
+    )
+    yield proc
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    log.close()
+
+
+@pytest.mark.redis
+def test_real_worker_exports_each_row_once(
+    worker: subprocess.Popen[bytes], env: dict[str, str], keys: Keys, private_redis: PrivateRedis,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:  # fmt: skip
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    app = make_app(JobsSettings())
+    with redis.Redis.from_url(private_redis.url, decode_responses=True) as r:
+        add_traces(r, keys, "e0", [trace(i) for i in range(10)])
+        # Two runs at once: one exports, the other finds the lease taken (or nothing left to do).
+        a, b = app.send_task(EXPORT_TRACES), app.send_task(EXPORT_TRACES)
+        results = [a.get(timeout=45), b.get(timeout=45)]
+        assert sum(x["rows"] for x in results) == 10, (results, (tmp_path / "worker.log").read_text())
+        assert app.send_task(EXPORT_TRACES).get(timeout=20)["rows"] == 0
+        add_traces(r, keys, "e0", [trace(10)])
+        assert app.send_task(EXPORT_TRACES).get(timeout=20)["rows"] == 1
+        # Celery's own keys stay under their prefix in database 1, away from the dispatcher's database 0.
+        with redis.Redis(unix_socket_path=str(private_redis.socket), db=1) as celery_db:
+            assert celery_db.keys(f"{keys.prefix}-celery:*")
+            assert not celery_db.keys(f"{keys.prefix}:*")
+    rows = [TraceRow.from_json(x) for x in lines(Path(env["CHIMERA_JOBS_TRACES_DIR"]) / "traces-e0.jsonl")]
+    assert rows == [trace(i) for i in range(11)]
+    assert healthcheck.check_celery(timeout_s=5.0)
+    assert worker.poll() is None
+    assert "serving on" in (tmp_path / "worker.log").read_text()
