@@ -29,7 +29,7 @@ class CommonSettings(BaseSettings):
 
     @field_validator("redis_url")
     @classmethod
-    def _known_scheme(cls, v: str) -> str:
-        if not v.startswith(("redis://", "rediss://", "unix://")):
+    def _known_scheme(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("redis_url must start with redis://, rediss:// or unix://")
         return v

@@ -1,0 +1,31 @@
+"""Settings of the local launcher (``chimera up`` / ``chimera demo``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import SettingsConfigDict
+
+from services.common.config import CommonSettings
+
+
+class LauncherSettings(CommonSettings):
+    model_config = SettingsConfigDict(env_prefix="CHIMERA_UP_", extra="ignore", frozen=True)
+
+    # None starts a private redis-server on a Unix socket under state_dir (the default on a user's machine).
+    redis_url: str | None = Field(  # type: ignore[assignment]
+        None,
+        validation_alias=AliasChoices("CHIMERA_REDIS_URL", "redis_url"),
+        description="use this Redis instead of starting a private one",
+    )
+    state_dir: Path = Field(Path(".chimera"), description="logs, private Redis socket, artifacts, traces")
+    pool_file: Path | None = Field(None, description="engine pool YAML; None = the embedded default")
+    host: str = Field("127.0.0.1", description="address every service binds")
+    dispatcher_port: int = Field(50051, ge=0, le=65535, description="gRPC front door; 0 picks a free port")
+    http_port: int = Field(8000, ge=0, le=65535, description="OpenAI-compatible HTTP; 0 picks a free port")
+    router_port: int = Field(50061, ge=0, le=65535)
+    predictor_port: int = Field(50062, ge=0, le=65535)
+    start_timeout_s: float = Field(180.0, gt=0, description="per group of services (vLLM loads slowly)")
+    bootstrap_workflows: int = Field(3000, ge=100, description="synthetic workflows that seed the models")
+    seed: int = Field(0, description="seed of the bootstrap traces")

@@ -1,0 +1,51 @@
+"""The engine pool an operator serves: which engines exist, what model each runs and how.
+
+A pool is a small YAML file (``chimera up --pool FILE``); ``default_pool.yaml`` beside this module is the
+embedded default that ``make demo`` runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_POOL = Path(__file__).with_name("default_pool.yaml")
+
+
+class EngineSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="engine id; also its Redis hash tag")
+    model: str = Field(min_length=1, description="model name the router scores and clients may pin")
+    kind: Literal["simulated", "vllm", "remote"] = "simulated"
+    max_num_seqs: int = Field(16, ge=1, le=4096)
+    # Until live traces exist, the router and predictor are bootstrapped from the workload's outcome model
+    # for this paper model (a real engine here, e.g. SmolLM2, has no published statistics of its own).
+    stand_in: str | None = Field(None, description="paper model whose synthetic traces bootstrap this one")
+    # Anything else the worker reads (CHIMERA_WORKER_<NAME>), e.g. model_path, url, time_scale.
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class PoolSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    engines: tuple[EngineSpec, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> PoolSpec:
+        ids = [e.id for e in self.engines]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"engine ids must be unique, got {ids}")
+        return self
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(e.model for e in self.engines))
+
+
+def load_pool(path: Path | None = None) -> PoolSpec:
+    raw = yaml.safe_load((path or DEFAULT_POOL).read_text())
+    return PoolSpec.model_validate(raw)

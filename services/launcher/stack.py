@@ -1,0 +1,158 @@
+"""Bring the whole stack up as child processes and tear it down: the engine of ``chimera up``.
+
+Start order mirrors compose.yaml's health dependencies: Redis, then router and predictor (whose models are
+bootstrapped first if none exist), then the workers (they register their engines), then the dispatcher.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from services.common.keys import Keys
+from services.common.redis_proc import PrivateRedis, start_private_redis
+from services.launcher.bootstrap import ensure_artifacts
+from services.launcher.config import LauncherSettings
+from services.launcher.pool import EngineSpec, PoolSpec, load_pool
+from services.launcher.supervisor import Child, HealthProbe, Supervisor, grpc_probe
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Stack:
+    """Where a running stack can be reached."""
+
+    redis_url: str
+    key_prefix: str
+    dispatcher_addr: str
+    http_addr: str
+    router_addr: str
+    predictor_addr: str
+    pool: PoolSpec
+    state_dir: Path
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _port(host: str, configured: int) -> int:
+    return configured or free_port(host)
+
+
+def worker_probe(redis_url: str, keys: Keys, engine: str, started: float) -> HealthProbe:
+    """A worker is healthy once it has registered and heartbeated since this launch began."""
+
+    def probe() -> bool:
+        try:
+            client = redis.Redis.from_url(redis_url)
+            try:
+                hb = client.hget(keys.engine_info(engine), "heartbeat_ms")
+            finally:
+                client.close()
+        except redis.RedisError:
+            return False
+        return hb is not None and int(hb) / 1000 >= started
+
+    return probe
+
+
+def _worker_env(spec: EngineSpec) -> dict[str, str]:
+    env = {
+        "CHIMERA_WORKER_ENGINE_ID": spec.id,
+        "CHIMERA_WORKER_MODEL": spec.model,
+        "CHIMERA_WORKER_ENGINE_KIND": spec.kind,
+        "CHIMERA_WORKER_MAX_NUM_SEQS": str(spec.max_num_seqs),
+    }
+    env.update({f"CHIMERA_WORKER_{k.upper()}": v for k, v in spec.env.items()})
+    return env
+
+
+@contextlib.contextmanager
+def running_stack(settings: LauncherSettings, pool: PoolSpec | None = None) -> Iterator[Stack]:
+    """Start everything, yield its addresses, stop everything (also on errors and Ctrl-C)."""
+    pool = pool or load_pool(settings.pool_file)
+    state = settings.state_dir.resolve()
+    logs = state / "logs"
+    host = settings.host
+    private: PrivateRedis | None = None
+    sup = Supervisor(python=sys.executable)
+    stop_watch = threading.Event()
+    watcher: threading.Thread | None = None
+    try:
+        if settings.redis_url is None:
+            private = start_private_redis(state / "redis")
+            redis_url = private.url
+            log.info("private redis-server on %s", redis_url)
+        else:
+            redis_url = settings.redis_url
+        keys = Keys(settings.key_prefix)
+        artifacts = ensure_artifacts(pool, state / "artifacts", settings.bootstrap_workflows, settings.seed)
+        ports = {
+            "router": _port(host, settings.router_port),
+            "predictor": _port(host, settings.predictor_port),
+            "dispatcher": _port(host, settings.dispatcher_port),
+            "http": _port(host, settings.http_port),
+        }
+        addr = {k: f"{host}:{v}" for k, v in ports.items()}
+        common = {"CHIMERA_REDIS_URL": redis_url, "CHIMERA_KEY_PREFIX": settings.key_prefix}
+        py = sys.executable
+
+        def child(name: str, module: str, env: dict[str, str], probe: HealthProbe, restart: bool) -> Child:
+            return sup.add(Child(name, [py, "-m", module], {**common, **env}, logs / f"{name}.log", probe,
+                                 restart))
+
+        models = [
+            child("router", "services.router", {"CHIMERA_ROUTER_HOST": host,
+                  "CHIMERA_ROUTER_PORT": str(ports["router"]),
+                  "CHIMERA_ROUTER_ARTIFACT_DIR": str(artifacts.router)}, grpc_probe(addr["router"]), False),
+            child("predictor", "services.predictor", {"CHIMERA_PREDICTOR_HOST": host,
+                  "CHIMERA_PREDICTOR_PORT": str(ports["predictor"]),
+                  "CHIMERA_PREDICTOR_ARTIFACT_DIR": str(artifacts.predictor)},
+                  grpc_probe(addr["predictor"]), False),
+        ]
+        sup.start_and_wait(models, settings.start_timeout_s)
+        started = time.time()
+        workers = [
+            child(f"worker-{e.id}", "services.worker", _worker_env(e), worker_probe(redis_url, keys, e.id, started),
+                  True)
+            for e in pool.engines
+        ]
+        sup.start_and_wait(workers, settings.start_timeout_s)
+        front = child("dispatcher", "services.dispatcher", {
+            "CHIMERA_DISPATCHER_HOST": host, "CHIMERA_DISPATCHER_PORT": str(ports["dispatcher"]),
+            "CHIMERA_DISPATCHER_HTTP_PORT": str(ports["http"]),
+            "CHIMERA_DISPATCHER_ROUTER_ADDR": addr["router"],
+            "CHIMERA_DISPATCHER_PREDICTOR_ADDR": addr["predictor"]}, grpc_probe(addr["dispatcher"]), False)
+        sup.start_and_wait([front], settings.start_timeout_s)
+
+        def watch() -> None:
+            while not stop_watch.wait(0.5):
+                try:
+                    sup.check()
+                except RuntimeError as exc:
+                    log.error("%s", exc)
+
+        watcher = threading.Thread(target=watch, name="supervisor", daemon=True)
+        watcher.start()
+        yield Stack(redis_url, settings.key_prefix, addr["dispatcher"], addr["http"], addr["router"],
+                    addr["predictor"], pool, state)
+    finally:
+        stop_watch.set()
+        if watcher is not None:
+            watcher.join(timeout=5)
+        sup.stop_all()
+        if private is not None:
+            private.stop()
