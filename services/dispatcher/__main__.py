@@ -1,0 +1,40 @@
+"""``python -m services.dispatcher``: wiring only."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+from redis.asyncio import Redis
+
+from services.common.keys import Keys
+from services.common.logs import setup_logging
+from services.common.queue import QueueStore
+from services.dispatcher.clients import PredictorClient, RouterClient
+from services.dispatcher.config import DispatcherSettings
+from services.dispatcher.dispatch import Dispatcher
+from services.dispatcher.server import DispatcherServer, run
+
+
+async def _main(s: DispatcherSettings) -> None:
+    redis = Redis.from_url(s.redis_url, decode_responses=True)
+    async with (
+        grpc.aio.insecure_channel(s.router_addr) as rc,
+        grpc.aio.insecure_channel(s.predictor_addr) as pc,
+    ):
+        router, predictor = RouterClient(rc, s.router_timeout_s), PredictorClient(pc, s.predictor_timeout_s)
+        dispatcher = Dispatcher(QueueStore(redis, Keys(s.key_prefix)), redis, router, predictor, s)
+        try:
+            await run(DispatcherServer(dispatcher, redis))
+        finally:
+            await redis.aclose()
+
+
+def main() -> None:
+    settings = DispatcherSettings()
+    setup_logging("dispatcher", settings.log_level)
+    asyncio.run(_main(settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Clients of the router and predictor services, behind two small protocols.
+
+The dispatcher depends on the protocols only, so tests inject fakes and a later in-process batcher could
+replace the gRPC hop without touching dispatch logic. Every call has its own deadline: a slow dependency
+must cost the front door a bounded amount of time (the dispatcher then degrades; see ``dispatch``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import grpc
+
+from chimera.predictor.v1 import predictor_pb2, predictor_pb2_grpc
+from chimera.router.v1 import router_pb2, router_pb2_grpc
+from services.common.types import Prediction, StageRequest
+
+QUANTILES = (0.5, 0.9)
+
+
+class ConfidenceSource(Protocol):
+    async def score(self, text: str, workflow: str, models: Sequence[str]) -> Mapping[str, float]:
+        """Per-model success confidence q[m] in [0, 1] for a workflow's task text."""
+        ...
+
+
+class LengthSource(Protocol):
+    async def predict(self, request: StageRequest, model: str) -> Prediction:
+        """Predicted remaining output tokens of the workflow (this stage and later ones) on ``model``."""
+        ...
+
+
+class UpstreamError(Exception):
+    """A dependency answered with an error or an unusable response."""
+
+
+class RouterClient:
+    def __init__(self, channel: grpc.aio.Channel, timeout_s: float) -> None:
+        self._stub = router_pb2_grpc.RouterStub(channel)
+        self._timeout_s = timeout_s
+
+    async def score(self, text: str, workflow: str, models: Sequence[str]) -> Mapping[str, float]:
+        req = router_pb2.ScoreRequest(
+            items=[router_pb2.RouterInput(text=text, workflow=workflow)], models=list(models)
+        )
+        try:
+            resp = await self._stub.Score(req, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as e:
+            raise UpstreamError(f"router: {e.code().name}: {e.details()}") from e
+        if len(resp.scores) != 1:
+            raise UpstreamError(f"router returned {len(resp.scores)} score rows for 1 item")
+        return {m: min(1.0, max(0.0, float(v))) for m, v in resp.scores[0].confidence.items()}
+
+
+class PredictorClient:
+    def __init__(self, channel: grpc.aio.Channel, timeout_s: float) -> None:
+        self._stub = predictor_pb2_grpc.PredictorStub(channel)
+        self._timeout_s = timeout_s
+
+    async def predict(self, request: StageRequest, model: str) -> Prediction:
+        row = predictor_pb2.FeatureRow(
+            model=model,
+            workflow=request.workflow,
+            stage=request.stage,
+            system_text=request.system_text(),
+            user_text=request.user_text(),
+            prompt_text=request.prompt_text(),
+        )
+        req = predictor_pb2.PredictRequest(rows=[row], quantiles=list(QUANTILES))
+        try:
+            resp = await self._stub.Predict(req, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as e:
+            raise UpstreamError(f"predictor: {e.code().name}: {e.details()}") from e
+        if len(resp.predictions) != 1:
+            raise UpstreamError(f"predictor returned {len(resp.predictions)} rows for 1")
+        return prediction_from_quantiles(
+            list(resp.quantiles) or list(QUANTILES), list(resp.predictions[0].values)
+        )
+
+
+def prediction_from_quantiles(quantiles: Sequence[float], values: Sequence[float]) -> Prediction:
+    """Pick p50 and p90 out of an aligned quantile response.
+
+    Predictions are at least 1 token: a zero would drop the request from its engine's load accounting.
+    """
+    if len(quantiles) != len(values) or not values:
+        raise UpstreamError(f"predictor returned {len(values)} values for {len(quantiles)} quantiles")
+    by_q = {round(float(q), 6): float(v) for q, v in zip(quantiles, values, strict=True)}
+    if 0.5 not in by_q:
+        raise UpstreamError("predictor response has no median")
+    p50 = max(1, round(by_q[0.5]))
+    p90 = max(p50, round(by_q.get(0.9, by_q[0.5])))
+    return Prediction(p50=p50, p90=p90)

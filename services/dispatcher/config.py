@@ -1,0 +1,83 @@
+"""Dispatcher settings: ``CHIMERA_DISPATCHER_<NAME>`` variables (shared ones are ``CHIMERA_<NAME>``)."""
+
+from __future__ import annotations
+
+from pydantic import Field, ValidationInfo, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from services.common.config import CommonSettings
+from services.dispatcher.policy import POLICIES
+
+
+class DispatcherSettings(CommonSettings):
+    model_config = SettingsConfigDict(env_prefix="CHIMERA_DISPATCHER_", extra="ignore", frozen=True)
+
+    host: str = Field(default="127.0.0.1", min_length=1, description="interface the gRPC server binds")
+    port: int = Field(default=50051, ge=0, le=65535, description="gRPC port; 0 picks a free one")
+    router_addr: str = Field(default="127.0.0.1:50061", min_length=3, description="router service host:port")
+    predictor_addr: str = Field(
+        default="127.0.0.1:50062", min_length=3, description="predictor service host:port"
+    )
+    router_timeout_s: float = Field(
+        default=0.5,
+        gt=0,
+        le=60,
+        description="per-call router deadline; past it the dispatch degrades to fastest",
+    )
+    predictor_timeout_s: float = Field(
+        default=0.5,
+        gt=0,
+        le=60,
+        description="per-call predictor deadline; past it max_tokens is the prediction",
+    )
+    policy: str = Field(default="chimera", description="scheduling policy name (services.dispatcher.policy)")
+    tau: float = Field(
+        default=0.5, ge=0, description="latency slack: a more confident engine may be this much slower"
+    )
+    delta_s: float = Field(
+        default=0.05, ge=0, le=1, description="confidence margin needed to leave the fastest engine"
+    )
+    aging_rate: float = Field(
+        default=20.0,
+        gt=0,
+        le=1e6,
+        description="aging credit in tokens per second of waiting (anti-starvation)",
+    )
+    priority_cap_tokens: int = Field(
+        default=8192,
+        ge=1,
+        description="predictions above this count as this much for priority (bounds the wait)",
+    )
+    program_ttl_s: int = Field(
+        default=3600, ge=1, description="an idle program's assignment expires after this"
+    )
+    max_tokens_default: int = Field(
+        default=256, ge=1, description="max_tokens when the request leaves it at 0"
+    )
+    max_tokens_limit: int = Field(default=8192, ge=1, description="largest max_tokens a request may ask for")
+    max_prompt_chars: int = Field(default=200_000, ge=1, description="largest total message size accepted")
+    engine_dead_after_s: float = Field(
+        default=15.0, gt=0, description="an engine whose heartbeat is older than this gets no new work"
+    )
+    reaper_interval_s: float = Field(
+        default=5.0, gt=0, le=3600, description="how often the dispatcher re-queues work of crashed workers"
+    )
+    stream_block_ms: int = Field(
+        default=1000, ge=10, le=60_000, description="how long one read of a request's output stream waits"
+    )
+    grace_s: float = Field(default=5.0, ge=0, le=120, description="shutdown grace for in-flight calls")
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        if v not in POLICIES:
+            raise ValueError(f"unknown policy {v!r}; known: {sorted(POLICIES)}")
+        return v
+
+    @field_validator("max_tokens_limit")
+    @classmethod
+    def _limit_covers_default(cls, v: int, info: ValidationInfo) -> int:
+        default = info.data.get("max_tokens_default", 1)
+        if v < default:
+            raise ValueError("max_tokens_limit must be >= max_tokens_default")
+        return v

@@ -1,0 +1,75 @@
+"""What the dispatcher sees of the engine pool: one pipelined read of every registered engine."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from redis.asyncio import Redis
+
+from services.common.keys import Keys
+from services.common.types import EngineProfile, EngineSnapshot
+
+log = logging.getLogger(__name__)
+
+
+def _s(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def parse_engine(
+    engine_id: str, info: Mapping[str, str], queued: int, running: int, now_unix: float, dead_after_s: float
+) -> EngineSnapshot:
+    """Build a snapshot from an ``engine_info`` hash.
+
+    An engine without a model or a usable profile is reported but marked dead: routing work to an engine
+    whose speed is unknown would make its load meaningless. ``load`` is the in-flight predicted tokens the
+    queue scripts maintain (the sum of the ``inflight`` hash).
+    """
+    model = info.get("model", "")
+    try:
+        decode_ms = float(info.get("decode_ms_per_token", "nan"))
+        # Workers publish max_num_seqs; a measured max_batch_size, when present, is the better number.
+        batch = int(float(info.get("max_batch_size") or info.get("max_num_seqs") or 0))
+        heartbeat_ms = float(info.get("heartbeat_ms", 0) or 0)
+        load = int(float(info.get("load", 0) or 0))
+    except ValueError:
+        log.warning("engine %s has an unreadable engine_info hash; treating it as dead", engine_id)
+        decode_ms, batch, heartbeat_ms, load = float("nan"), 0, 0.0, 0
+    usable = bool(model) and decode_ms == decode_ms and decode_ms > 0 and batch > 0
+    alive = usable and (now_unix - heartbeat_ms / 1000.0) <= dead_after_s
+    profile = EngineProfile(
+        decode_ms_per_token=decode_ms if usable else 0.0,
+        max_batch_size=batch if usable else 1,
+    )
+    return EngineSnapshot(
+        engine_id=engine_id,
+        model=model,
+        profile=profile,
+        inflight_tokens=max(0, load),
+        queued=queued,
+        running=running,
+        alive=alive,
+    )
+
+
+async def read_engines(
+    redis: Redis, keys: Keys, now_unix: float, dead_after_s: float
+) -> list[EngineSnapshot]:
+    """SMEMBERS engines, then HGETALL info + ZCARD queue + ZCARD claims for all of them in one pipeline."""
+    engine_ids = sorted(_s(e) for e in await redis.smembers(keys.engines()))
+    if not engine_ids:
+        return []
+    pipe = redis.pipeline(transaction=False)
+    for eid in engine_ids:
+        pipe.hgetall(keys.engine_info(eid))
+        pipe.zcard(keys.queue(eid))
+        pipe.zcard(keys.claims(eid))
+    res = await pipe.execute()
+    out = []
+    for i, eid in enumerate(engine_ids):
+        raw, queued, running = res[3 * i], res[3 * i + 1], res[3 * i + 2]
+        info = {_s(k): _s(v) for k, v in raw.items()}
+        out.append(parse_engine(eid, info, int(queued), int(running), now_unix, dead_after_s))
+    return out

@@ -1,0 +1,146 @@
+"""Streaming one request's output back to its caller from the request's Redis Stream.
+
+NOTE(stream): the stream, not an in-process channel, carries the output, so any front-door replica can
+serve it and a reconnecting reader misses nothing. A request that is re-run after its worker died emits
+deltas with a higher ``attempt``; earlier attempts' late deltas are dropped here, and the caller, seeing a
+higher attempt, discards text it already has. If the caller goes away or its deadline passes, the request
+is cancelled so that the engine stops spending tokens on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from services.common.queue import QueueStore
+from services.dispatcher.dispatch import Dispatched
+from services.dispatcher.errors import DeadlineExceeded, RequestFailed, StoreUnavailable
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    text: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Final:
+    request_id: str
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    model: str
+    engine: str
+    queue_wait_s: float
+    e2e_s: float
+    predicted_tokens: int
+    predicted_tokens_p90: int
+    attempts: int
+    dispatch_ms: float
+
+
+StreamItem = Delta | Final
+
+
+def _f(fields: dict[str, str], name: str) -> float | None:
+    try:
+        return float(fields[name])
+    except (KeyError, ValueError):
+        return None
+
+
+async def stream_output(
+    store: QueueStore,
+    d: Dispatched,
+    block_ms: int = 1000,
+    clock: Callable[[], float] = time.time,
+) -> AsyncIterator[StreamItem]:
+    """Yield deltas, then exactly one ``Final``; raise ``RequestFailed`` on an error event.
+
+    Raises ``DeadlineExceeded`` once the request's deadline passes (the request is cancelled first).
+    """
+    rid, engine = d.request.request_id, d.engine
+    after, best_attempt, finished = "0", 0, False
+    try:
+        while True:
+            wait_ms = block_ms
+            if d.request.deadline_unix is not None:
+                left_ms = int((d.request.deadline_unix - clock()) * 1000)
+                if left_ms <= 0:
+                    raise DeadlineExceeded(f"request {rid} did not finish before its deadline")
+                wait_ms = max(1, min(block_ms, left_ms))
+            events = await _io(store.read_events(engine, rid, after, wait_ms))
+            if not events:
+                fields = await _io(store.request_fields(engine, rid))
+                if not fields:
+                    finished = True
+                    raise RequestFailed("UNAVAILABLE", f"request {rid} expired before it finished")
+                continue
+            for ev in events:
+                after = ev.stream_id
+                kind, attempt = ev.data.get("t"), int(ev.data.get("a", 0))
+                if kind == "delta":
+                    if attempt < best_attempt:
+                        continue  # a late delta from a worker whose lease was lost
+                    best_attempt = attempt
+                    yield Delta(str(ev.data.get("text", "")), attempt)
+                elif kind == "error":
+                    finished = True
+                    raise RequestFailed(str(ev.data.get("code", "INTERNAL")), str(ev.data.get("message", "")))
+                elif kind == "final":
+                    finished = True
+                    yield await _final(store, d, ev.data, clock)
+                    return
+    finally:
+        if not finished:
+            await _cancel_quietly(store, engine, rid)
+
+
+async def _final(store: QueueStore, d: Dispatched, ev: dict[str, Any], clock: Callable[[], float]) -> Final:
+    fields = await _io(store.request_fields(d.engine, d.request.request_id))
+    t_enq, t_claim = _f(fields, "t_enq"), _f(fields, "t_first_claim")
+    queue_wait = max(0.0, t_claim - t_enq) if t_enq is not None and t_claim is not None else 0.0
+    attempts = int(_f(fields, "attempt") or ev.get("a") or 0)
+    received = d.request.received_unix or d.enqueued_unix
+    return Final(
+        request_id=d.request.request_id,
+        text=str(ev.get("text", "")),
+        finish_reason=str(ev.get("finish_reason", "stop")),
+        prompt_tokens=int(ev.get("prompt_tokens", 0)),
+        completion_tokens=int(ev.get("completion_tokens", 0)),
+        model=d.model,
+        engine=d.engine,
+        queue_wait_s=queue_wait,
+        e2e_s=max(0.0, clock() - received),
+        predicted_tokens=d.prediction.p50,
+        predicted_tokens_p90=d.prediction.p90,
+        attempts=attempts,
+        dispatch_ms=d.dispatch_ms,
+    )
+
+
+async def _io(call: Awaitable[T]) -> T:
+    try:
+        return await call
+    except (RedisConnectionError, RedisTimeoutError, OSError) as e:
+        raise StoreUnavailable(f"redis is unreachable: {e}") from e
+
+
+async def _cancel_quietly(store: QueueStore, engine: str, rid: str) -> None:
+    # Runs while the caller's task is being cancelled: shield the one Redis call so it completes.
+    try:
+        state = await asyncio.shield(store.cancel(engine, rid, reason="caller went away"))
+        log.info("cancelled request %s (was %s)", rid, state)
+    except (asyncio.CancelledError, RedisConnectionError, RedisTimeoutError, OSError) as e:
+        log.warning("could not cancel request %s: %r", rid, e)
