@@ -1,0 +1,19 @@
+"""``python -m services.predictor``: wiring only."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.common.logs import setup_logging
+from services.predictor.config import PredictorSettings
+from services.predictor.server import run
+
+
+def main() -> None:
+    settings = PredictorSettings()
+    setup_logging("predictor", settings.log_level)
+    asyncio.run(run(settings))
+
+
+if __name__ == "__main__":
+    main()
