@@ -1,0 +1,44 @@
+"""``python -m services.worker``: one worker for one engine, configured by CHIMERA_WORKER_* variables."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from redis.asyncio import Redis
+
+from services.common.keys import Keys
+from services.common.logs import setup_logging
+from services.common.queue import QueueStore
+from services.worker.config import WorkerSettings
+from services.worker.engine.base import EngineDeadError
+from services.worker.engine.factory import build_engine
+from services.worker.worker import Worker
+
+
+async def main(settings: WorkerSettings) -> int:
+    redis = Redis.from_url(settings.redis_url, decode_responses=True)
+    worker = Worker(
+        QueueStore(redis, Keys(settings.key_prefix)), redis, build_engine(settings), settings.options()
+    )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.request_stop)
+    try:
+        await worker.run()
+    except EngineDeadError as exc:
+        logging.getLogger("services.worker").error(
+            "engine died, exiting so its claims are re-queued: %s", exc
+        )
+        return 1
+    finally:
+        await redis.aclose()
+    return 0
+
+
+if __name__ == "__main__":
+    settings = WorkerSettings()
+    setup_logging("worker", settings.log_level)
+    sys.exit(asyncio.run(main(settings)))

@@ -1,0 +1,93 @@
+"""Worker settings: ``CHIMERA_WORKER_<NAME>`` environment variables (plus the shared ``CHIMERA_*`` ones)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from services.common.config import CommonSettings
+from services.common.types import EngineProfile
+from services.worker.worker import WorkerOptions
+
+
+class WorkerSettings(CommonSettings):
+    model_config = SettingsConfigDict(env_prefix="CHIMERA_WORKER_", extra="ignore", frozen=True)
+
+    engine_id: str = Field(
+        default="e0", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="engine id; also its Redis hash tag"
+    )
+    model: str = Field(default="sim-model", min_length=1, description="model name the dispatcher routes by")
+    engine_kind: str = Field(
+        default="simulated",
+        pattern=r"^[a-z]+$",
+        description="engine implementation: simulated (vllm, remote later)",
+    )
+    max_num_seqs: int = Field(default=16, ge=1, le=4096, description="sequences the engine runs at once")
+    prefetch: int = Field(
+        default=2,
+        ge=0,
+        le=256,
+        description="claims held beyond max_num_seqs, so a freed slot is refilled at once",
+    )
+    lease_s: float = Field(
+        default=10.0, ge=0.5, le=3600.0, description="claim lease; a dead worker's work returns after it"
+    )
+    grace_s: float = Field(
+        default=30.0, ge=0.0, le=3600.0, description="on SIGTERM, how long running requests may finish"
+    )
+    heartbeat_s: float = Field(
+        default=1.0, gt=0.0, le=60.0, description="how often heartbeat_ms is refreshed"
+    )
+    claim_wait_s: float = Field(
+        default=0.5, gt=0.0, le=30.0, description="longest idle wait for the queue's doorbell"
+    )
+    worker_id: str = Field(
+        default="", max_length=200, description="worker identity in claims; empty: host-pid-random"
+    )
+    time_scale: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=1e6,
+        description="simulated engine only: runs this many times faster than its profile",
+    )
+    profile_json: str | None = Field(
+        default=None,
+        description="simulated engine only: EngineProfile JSON; default: the measured-style profile",
+    )
+    sim_length_median: float = Field(
+        default=180.0, gt=0.0, description="simulated engine: median output tokens"
+    )
+    sim_length_sigma: float = Field(
+        default=0.83, ge=0.0, le=5.0, description="simulated engine: lognormal sigma"
+    )
+    sim_seed: int = Field(default=0, description="simulated engine: seed of the output-length model")
+
+    @field_validator("profile_json")
+    @classmethod
+    def _valid_profile(cls, v: str | None) -> str | None:
+        if v:
+            try:
+                EngineProfile.from_json(v)
+            except (ValueError, TypeError, KeyError) as exc:
+                raise ValueError(f"profile_json is not an EngineProfile: {exc}") from exc
+        return v or None
+
+    def profile(self) -> EngineProfile | None:
+        return EngineProfile.from_json(self.profile_json) if self.profile_json else None
+
+    def options(self) -> WorkerOptions:
+        wid = self.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        return WorkerOptions(
+            engine_id=self.engine_id,
+            kind=self.engine_kind,
+            worker_id=wid,
+            prefetch=self.prefetch,
+            lease_s=self.lease_s,
+            grace_s=self.grace_s,
+            heartbeat_s=self.heartbeat_s,
+            claim_wait_s=self.claim_wait_s,
+        )

@@ -1,0 +1,370 @@
+"""The worker of one engine: claims requests from the engine's Redis queue only while the engine has room,
+streams their output back, renews their leases, and records a trace row for each finished request.
+
+NOTE(admission): the schedule lives in Redis. The worker holds at most ``max_num_seqs + prefetch`` claims
+(running in the engine or about to be), so a better request that arrives while the engine is full waits in
+the sorted set, where it can still overtake, rather than in the engine's own waiting list. The small
+prefetch keeps a freed slot from idling for a Redis round trip.
+
+NOTE(failure): a claim is a lease. Whatever this process does not finish (a crash, SIGKILL, a dead engine,
+a shutdown past its grace period) is left to expire; the reaper of any worker of this engine then re-queues
+it with its original score, and the attempt number fences every write of the stale attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from services.common.queue import QueueStore
+from services.common.types import ClaimedRequest, StageResult, TraceRow
+from services.worker import registration
+from services.worker.engine.base import Engine, EngineDeadError, EngineOutput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerOptions:
+    engine_id: str
+    kind: str
+    worker_id: str
+    prefetch: int = 2
+    lease_s: float = 10.0
+    grace_s: float = 30.0
+    heartbeat_s: float = 1.0
+    claim_wait_s: float = 0.5
+    # Deltas are coalesced: one stream entry at most every publish_interval_s, or sooner once this many
+    # characters are pending, so a fast engine does not cost one XADD per token.
+    publish_interval_s: float = 0.02
+    publish_chars: int = 64
+    # Tests: drain the queue and return (burst), or stop claiming after this many claims.
+    burst: bool = False
+    max_requests: int | None = None
+
+
+@dataclass(eq=False)
+class _Job:
+    claimed: ClaimedRequest
+    key: str  # the engine's request key, unique per attempt
+    started: bool = False
+    lost: bool = False  # the lease is gone (re-run elsewhere): drop silently
+    cancel: bool = False  # the client cancelled: abort and complete as cancelled
+    aborted: bool = False
+    task: asyncio.Task[None] | None = None
+
+
+class Worker:
+    def __init__(self, queue: QueueStore, redis: Redis, engine: Engine, opts: WorkerOptions) -> None:
+        self._q = queue
+        self._r = redis
+        self._engine = engine
+        self._o = opts
+        self._held: dict[str, _Job] = {}
+        self._stop = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._fatal: EngineDeadError | None = None
+        self.claimed_total = 0
+        self.completed_total = 0
+
+    @property
+    def limit(self) -> int:
+        """Most claims held at once: the engine's batch plus the prefetch."""
+        return self._engine.max_num_seqs + self._o.prefetch
+
+    def held(self) -> int:
+        return len(self._held)
+
+    def request_stop(self) -> None:
+        """Stop claiming; running requests get ``grace_s`` to finish (safe to call from a signal handler)."""
+        if not self._stop.is_set():
+            log.info("worker %s stopping: no new claims", self._o.worker_id)
+            self._stop.set()
+
+    async def run(self) -> None:
+        """Serve until stopped, the burst is drained, or ``max_requests`` are done.
+
+        Raises EngineDeadError if the engine died; its claims are then left to expire and be re-queued.
+        """
+        o = self._o
+        await self._engine.start()
+        try:
+            await self._register()
+            await self._reap_once()
+            background = [
+                asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+                asyncio.create_task(self._renew_loop(), name="renew"),
+                asyncio.create_task(self._reap_loop(), name="reap"),
+            ]
+            log.info(
+                "serving on engine %s (kind=%s model=%s max_num_seqs=%d prefetch=%d worker=%s)",
+                o.engine_id,
+                o.kind,
+                self._engine.model,
+                self._engine.max_num_seqs,
+                o.prefetch,
+                o.worker_id,
+            )
+            try:
+                await self._admission_loop()
+                await self._drain()
+            finally:
+                for t in background:
+                    t.cancel()
+                await asyncio.gather(*background, return_exceptions=True)
+        finally:
+            await self._engine.stop()
+        if self._fatal is not None:
+            raise self._fatal
+        log.info(
+            "worker %s done: %d claimed, %d completed", o.worker_id, self.claimed_total, self.completed_total
+        )
+
+    async def _register(self) -> None:
+        o, keys = self._o, self._q.keys
+        measured = await registration.stored_profile(self._r, keys, o.engine_id)
+        profile = measured or self._engine.profile()
+        fields: dict[str, str | int | float] = {
+            "model": self._engine.model,
+            "kind": o.kind,
+            "max_num_seqs": self._engine.max_num_seqs,
+            "worker_id": o.worker_id,
+            "profile_source": "measured" if measured else ("engine" if profile else "none"),
+        }
+        await registration.register(self._r, keys, o.engine_id, fields, profile)
+
+    def _room(self) -> int:
+        not_started = sum(1 for j in self._held.values() if not j.started)
+        in_use = max(len(self._held), self._engine.running() + not_started)
+        room = self.limit - in_use
+        if self._o.max_requests is not None:
+            room = min(room, self._o.max_requests - self.claimed_total)
+        return room
+
+    async def _admission_loop(self) -> None:
+        o = self._o
+        while not self._stop.is_set():
+            if o.max_requests is not None and self.claimed_total >= o.max_requests:
+                return
+            room = self._room()
+            if room <= 0:
+                await self._wait_slot()
+                continue
+            try:
+                claimed = await self._q.claim(o.engine_id, o.worker_id, room, o.lease_s)
+            except RedisError as exc:
+                log.warning("claim failed (%s); retrying", exc)
+                await self._wait_slot()
+                continue
+            for c in claimed:
+                self._start_job(c)
+            if claimed:
+                continue
+            if o.burst:
+                if not self._held:
+                    return
+                await self._wait_slot()  # the reaper may still re-queue work: look again after each finish
+                continue
+            with contextlib.suppress(RedisError):
+                await self._q.wait_for_work(o.engine_id, o.claim_wait_s)
+
+    async def _wait_slot(self) -> None:
+        self._slot_freed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._slot_freed.wait(), self._o.claim_wait_s)
+
+    def _start_job(self, c: ClaimedRequest) -> None:
+        rid = c.request.request_id
+        job = _Job(claimed=c, key=f"{rid}:{c.attempt}")
+        self._held[rid] = job
+        self.claimed_total += 1
+        job.task = asyncio.create_task(self._run_job(job), name=f"req-{job.key}")
+
+    async def _drain(self) -> None:
+        """Let held requests finish within the grace period; abandon the rest to lease expiry."""
+        tasks = [j.task for j in self._held.values() if j.task is not None]
+        if tasks and self._fatal is None:
+            log.info("waiting up to %.1f s for %d running requests", self._o.grace_s, len(tasks))
+            await asyncio.wait(tasks, timeout=self._o.grace_s)
+        left = list(self._held.values())
+        if left:
+            log.warning("abandoning %d requests; their leases expire and they are re-queued", len(left))
+        for job in left:
+            job.lost = True
+            if self._fatal is None:
+                await self._abort(job)
+            if job.task is not None:
+                job.task.cancel()
+        await asyncio.gather(*(j.task for j in left if j.task is not None), return_exceptions=True)
+
+    async def _run_job(self, job: _Job) -> None:
+        c = job.claimed
+        req = c.request
+        try:
+            if req.deadline_unix is not None and time.time() > req.deadline_unix:
+                late = time.time() - req.deadline_unix
+                await self._q.fail(
+                    c, "DEADLINE_EXCEEDED", f"deadline passed {late:.3f} s before it could start"
+                )
+                return
+            t0 = time.time()
+            final, text = await self._generate(job)
+            run_s = time.time() - t0
+            if job.lost:
+                log.info("request %s: lease lost, dropped", job.key)
+                return
+            await self._complete(job, final, text, run_s)
+        except EngineDeadError as exc:
+            log.error("engine died while running %s: %s", job.key, exc)
+            if self._fatal is None:
+                self._fatal = exc
+            self._stop.set()
+        except Exception as exc:
+            log.exception("request %s failed", job.key)
+            with contextlib.suppress(RedisError):
+                await self._q.fail(c, "INTERNAL", f"{type(exc).__name__}: {exc}")
+        finally:
+            self._held.pop(req.request_id, None)
+            self._slot_freed.set()
+
+    async def _generate(self, job: _Job) -> tuple[EngineOutput, str]:
+        """Run the request on the engine, publishing coalesced deltas. Returns the final output and text."""
+        c, o = job.claimed, self._o
+        loop = asyncio.get_running_loop()
+        parts: list[str] = []
+        pending: list[str] = []
+        pending_chars = 0
+        last_pub = loop.time()
+        final: EngineOutput | None = None
+        job.started = True
+        async for out in self._engine.generate(c.request, job.key, c.predicted):
+            if final is not None:
+                continue
+            if (job.lost or job.cancel) and not job.aborted:
+                await self._abort(job)  # the renewal saw it before the engine knew the request
+            if out.text_delta:
+                parts.append(out.text_delta)
+                pending.append(out.text_delta)
+                pending_chars += len(out.text_delta)
+            if out.finished:
+                final = out
+            elif pending_chars >= o.publish_chars or loop.time() - last_pub >= o.publish_interval_s:
+                await self._publish(job, "".join(pending))
+                pending.clear()
+                pending_chars = 0
+                last_pub = loop.time()
+        if final is None:
+            raise RuntimeError("the engine's stream ended without a finished output")
+        if pending:
+            await self._publish(job, "".join(pending))
+        return final, "".join(parts)
+
+    async def _publish(self, job: _Job, text: str) -> None:
+        if not job.lost:  # a stale attempt must not write into the stream of the one that replaced it
+            await self._q.publish_delta(
+                self._o.engine_id, job.claimed.request.request_id, job.claimed.attempt, text
+            )
+
+    async def _complete(self, job: _Job, final: EngineOutput, text: str, run_s: float) -> None:
+        c, o = job.claimed, self._o
+        req = c.request
+        reason = final.finish_reason or "stop"
+        result = StageResult(text, reason, final.prompt_tokens, final.completion_tokens)
+        queue_wait_s = max(0.0, c.claimed_unix - c.enqueued_unix)
+        # A cancelled stage's token count is truncated: as a training row it would teach the predictor
+        # lengths that never happen, so it is not recorded.
+        trace = None
+        if reason != "cancelled":
+            trace = TraceRow(
+                request_id=req.request_id,
+                program_id=req.program_id,
+                workflow=req.workflow,
+                stage=req.stage,
+                engine=o.engine_id,
+                model=self._engine.model,
+                system_text=req.system_text(),
+                user_text=req.user_text(),
+                prompt_text=req.prompt_text(),
+                prompt_tokens=final.prompt_tokens,
+                completion_tokens=final.completion_tokens,
+                predicted=c.predicted,
+                predicted_p90=c.predicted_p90,
+                queue_wait_s=queue_wait_s,
+                run_s=run_s,
+                finish_reason=reason,
+                attempt=c.attempt,
+                enqueued_unix=c.enqueued_unix,
+            )
+        extra = {
+            "model": self._engine.model,
+            "engine": o.engine_id,
+            "queue_wait_s": round(queue_wait_s, 6),
+            "run_s": round(run_s, 6),
+            "predicted": c.predicted,
+            "predicted_p90": c.predicted_p90,
+            "attempt": c.attempt,
+        }
+        if await self._q.complete(c, result, trace, extra):
+            self.completed_total += 1
+        else:
+            log.info("request %s: lease lost before completion, result dropped", job.key)
+
+    async def _abort(self, job: _Job) -> None:
+        job.aborted = True
+        try:
+            await self._engine.abort(job.key)
+        except Exception:  # an abort that fails must not take the worker down; the lease still fences
+            log.exception("aborting %s failed", job.key)
+
+    async def _renew_loop(self) -> None:
+        o = self._o
+        every = min(o.lease_s / 3.0, 1.0)
+        while True:
+            await asyncio.sleep(every)
+            held = {rid: j.claimed.attempt for rid, j in self._held.items()}
+            try:
+                res = await self._q.renew(o.engine_id, held, o.lease_s)
+            except RedisError as exc:
+                log.warning("lease renewal failed (%s); retrying", exc)
+                continue
+            for rid in res.lost:
+                job = self._held.get(rid)
+                if job is not None and not job.lost:
+                    log.warning("request %s: lease lost (re-queued elsewhere); aborting", job.key)
+                    job.lost = True
+                    await self._abort(job)
+            for rid in res.cancelled:
+                job = self._held.get(rid)
+                if job is not None and not job.cancel:
+                    log.info("request %s: cancelled by the client; aborting", job.key)
+                    job.cancel = True
+                    await self._abort(job)
+
+    async def _heartbeat_loop(self) -> None:
+        o = self._o
+        while True:
+            try:
+                await registration.heartbeat(self._r, self._q.keys, o.engine_id, o.worker_id, len(self._held))
+            except RedisError as exc:
+                log.warning("heartbeat failed: %s", exc)
+            await asyncio.sleep(o.heartbeat_s)
+
+    async def _reap_once(self) -> None:
+        try:
+            ids = await self._q.reap(self._o.engine_id)
+        except RedisError as exc:
+            log.warning("reap failed: %s", exc)
+            return
+        if ids:
+            log.info("re-queued %d requests whose lease expired: %s", len(ids), ids[:10])
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._o.lease_s / 2.0)
+            await self._reap_once()
