@@ -40,6 +40,8 @@ class Stack:
     predictor_addr: str
     pool: PoolSpec
     state_dir: Path
+    # The live child processes, so that tests and tools can signal one (e.g. kill a worker).
+    supervisor: Supervisor
 
 
 def free_port(host: str) -> int:
@@ -111,31 +113,60 @@ def running_stack(settings: LauncherSettings, pool: PoolSpec | None = None) -> I
         py = sys.executable
 
         def child(name: str, module: str, env: dict[str, str], probe: HealthProbe, restart: bool) -> Child:
-            return sup.add(Child(name, [py, "-m", module], {**common, **env}, logs / f"{name}.log", probe,
-                                 restart))
+            return sup.add(
+                Child(name, [py, "-m", module], {**common, **env}, logs / f"{name}.log", probe, restart)
+            )
 
         models = [
-            child("router", "services.router", {"CHIMERA_ROUTER_HOST": host,
-                  "CHIMERA_ROUTER_PORT": str(ports["router"]),
-                  "CHIMERA_ROUTER_ARTIFACT_DIR": str(artifacts.router)}, grpc_probe(addr["router"]), False),
-            child("predictor", "services.predictor", {"CHIMERA_PREDICTOR_HOST": host,
-                  "CHIMERA_PREDICTOR_PORT": str(ports["predictor"]),
-                  "CHIMERA_PREDICTOR_ARTIFACT_DIR": str(artifacts.predictor)},
-                  grpc_probe(addr["predictor"]), False),
+            child(
+                "router",
+                "services.router",
+                {
+                    "CHIMERA_ROUTER_HOST": host,
+                    "CHIMERA_ROUTER_PORT": str(ports["router"]),
+                    "CHIMERA_ROUTER_ARTIFACT_DIR": str(artifacts.router),
+                },
+                grpc_probe(addr["router"]),
+                False,
+            ),
+            child(
+                "predictor",
+                "services.predictor",
+                {
+                    "CHIMERA_PREDICTOR_HOST": host,
+                    "CHIMERA_PREDICTOR_PORT": str(ports["predictor"]),
+                    "CHIMERA_PREDICTOR_ARTIFACT_DIR": str(artifacts.predictor),
+                },
+                grpc_probe(addr["predictor"]),
+                False,
+            ),
         ]
         sup.start_and_wait(models, settings.start_timeout_s)
         started = time.time()
         workers = [
-            child(f"worker-{e.id}", "services.worker", _worker_env(e), worker_probe(redis_url, keys, e.id, started),
-                  True)
+            child(
+                f"worker-{e.id}",
+                "services.worker",
+                _worker_env(e),
+                worker_probe(redis_url, keys, e.id, started),
+                True,
+            )
             for e in pool.engines
         ]
         sup.start_and_wait(workers, settings.start_timeout_s)
-        front = child("dispatcher", "services.dispatcher", {
-            "CHIMERA_DISPATCHER_HOST": host, "CHIMERA_DISPATCHER_PORT": str(ports["dispatcher"]),
-            "CHIMERA_DISPATCHER_HTTP_PORT": str(ports["http"]),
-            "CHIMERA_DISPATCHER_ROUTER_ADDR": addr["router"],
-            "CHIMERA_DISPATCHER_PREDICTOR_ADDR": addr["predictor"]}, grpc_probe(addr["dispatcher"]), False)
+        front = child(
+            "dispatcher",
+            "services.dispatcher",
+            {
+                "CHIMERA_DISPATCHER_HOST": host,
+                "CHIMERA_DISPATCHER_PORT": str(ports["dispatcher"]),
+                "CHIMERA_DISPATCHER_HTTP_PORT": str(ports["http"]),
+                "CHIMERA_DISPATCHER_ROUTER_ADDR": addr["router"],
+                "CHIMERA_DISPATCHER_PREDICTOR_ADDR": addr["predictor"],
+            },
+            grpc_probe(addr["dispatcher"]),
+            False,
+        )
         sup.start_and_wait([front], settings.start_timeout_s)
 
         def watch() -> None:
@@ -147,8 +178,17 @@ def running_stack(settings: LauncherSettings, pool: PoolSpec | None = None) -> I
 
         watcher = threading.Thread(target=watch, name="supervisor", daemon=True)
         watcher.start()
-        yield Stack(redis_url, settings.key_prefix, addr["dispatcher"], addr["http"], addr["router"],
-                    addr["predictor"], pool, state)
+        yield Stack(
+            redis_url,
+            settings.key_prefix,
+            addr["dispatcher"],
+            addr["http"],
+            addr["router"],
+            addr["predictor"],
+            pool,
+            state,
+            sup,
+        )
     finally:
         stop_watch.set()
         if watcher is not None:

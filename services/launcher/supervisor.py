@@ -43,7 +43,10 @@ class Child:
         fh = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child's lifetime, closed in stop()
         self._log_file = fh
         self.proc = subprocess.Popen(
-            self.argv, env={**os.environ, **self.env}, stdout=fh, stderr=subprocess.STDOUT,
+            self.argv,
+            env={**os.environ, **self.env},
+            stdout=fh,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         log.info("started %s (pid %d), log %s", self.name, self.proc.pid, self.log_path)
@@ -108,7 +111,9 @@ class Supervisor:
                     pending.remove(c)
             if pending and time.monotonic() > deadline:
                 names = ", ".join(c.name for c in pending)
-                raise RuntimeError(f"not healthy after {timeout_s:.0f}s: {names}\n{tail(pending[0].log_path)}")
+                raise RuntimeError(
+                    f"not healthy after {timeout_s:.0f}s: {names}\n{tail(pending[0].log_path)}"
+                )
             if pending:
                 time.sleep(0.2)
 

@@ -1,0 +1,1 @@
+"""The ``chimera`` command: the operator's entry point."""

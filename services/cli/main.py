@@ -1,0 +1,83 @@
+"""``chimera``: run the stack, the demo, training and inspection commands."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from services.common.logs import setup_logging
+from services.launcher.config import LauncherSettings
+from services.launcher.stack import running_stack
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+console = Console()
+
+PoolOpt = Annotated[Path | None, typer.Option("--pool", help="engine pool YAML (default: embedded)")]
+
+
+def _settings(pool: Path | None, **overrides: object) -> LauncherSettings:
+    base = LauncherSettings()
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    if pool is not None:
+        changes["pool_file"] = pool
+    return base.model_copy(update=changes)
+
+
+@app.command()
+def up(pool: PoolOpt = None) -> None:
+    """Start Redis (private unless CHIMERA_REDIS_URL is set), router, predictor, workers and dispatcher;
+    stop them all on Ctrl-C or SIGTERM."""
+    setup_logging("launcher")
+    settings = _settings(pool)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    with running_stack(settings) as stack:
+        console.print(
+            f"[bold green]chimera is up[/]: gRPC front door {stack.dispatcher_addr}, "
+            f"redis {stack.redis_url}, engines {[e.id for e in stack.pool.engines]}; logs in "
+            f"{stack.state_dir / 'logs'}"
+        )
+        stop.wait()
+        console.print("stopping…")
+
+
+@app.command()
+def demo(
+    pool: PoolOpt = None,
+    workflows: Annotated[int, typer.Option(help="workflows to run")] = 24,
+    concurrency: Annotated[int, typer.Option(help="workflows in flight at once")] = 12,
+    max_tokens: Annotated[int, typer.Option(help="max tokens per stage")] = 128,
+    seed: int = 0,
+) -> None:
+    """Bring the stack up on free ports, run concurrent code and math workflows through the gRPC front
+    door, print what happened to each, and stop."""
+    from services.demo.client import run_demo
+    from services.demo.report import print_queue_snapshot, print_report
+    from services.workload.corpus import load_corpus
+
+    setup_logging("demo", "WARNING")
+    logging.getLogger("services.launcher").setLevel(logging.INFO)
+    corpus = load_corpus()
+    console.print(f"corpus: {len(corpus.problems)} problems from {corpus.origin} {corpus.counts()}")
+    settings = _settings(pool, dispatcher_port=0, http_port=0, router_port=0, predictor_port=0)
+    with running_stack(settings) as stack:
+        console.print(f"stack up: engines {[f'{e.id} ({e.model})' for e in stack.pool.engines]}")
+
+        async def go() -> list:  # type: ignore[type-arg]
+            task = asyncio.create_task(
+                run_demo(stack.dispatcher_addr, corpus.problems, workflows, concurrency, max_tokens, seed)
+            )
+            await print_queue_snapshot(console, stack, task)
+            return await task
+
+        runs = asyncio.run(go())
+    failed = print_report(console, runs)
+    raise typer.Exit(1 if failed else 0)

@@ -1,0 +1,131 @@
+"""Drive concurrent multi-stage workflows through the Dispatcher front door, as an agent framework would.
+
+Each workflow runs its stages in order, feeding every stage's answer into the next stage's messages
+(``services.workload.workflows.stage_messages``), then calls EndProgram.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from chimera.dispatcher.v1 import dispatcher_pb2 as pb
+from chimera.dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
+from services.workload.corpus import Problem
+from services.workload.workflows import WORKFLOWS, Workflow, stage_messages
+
+
+@dataclass(frozen=True, slots=True)
+class StageOutcome:
+    stage: int
+    model: str
+    engine: str
+    queue_wait_s: float
+    e2e_s: float
+    prompt_tokens: int
+    completion_tokens: int
+    predicted_tokens: int
+    attempts: int
+    text: str
+
+
+@dataclass
+class WorkflowRun:
+    program_id: str
+    workflow: Workflow
+    problem: Problem
+    stages: list[StageOutcome] = field(default_factory=list)
+    e2e_s: float = 0.0
+    error: str | None = None
+
+    @property
+    def completed(self) -> bool:
+        return self.error is None and len(self.stages) == self.workflow.n_stages
+
+
+async def run_stage(
+    stub: pb_grpc.DispatcherStub, run: WorkflowRun, stage: int, history: Sequence[str], max_tokens: int
+) -> StageOutcome:
+    messages = stage_messages(run.workflow, stage, run.problem.text, history)
+    req = pb.GenerateRequest(
+        program_id=run.program_id,
+        stage=stage,
+        workflow=run.workflow.name,
+        messages=[pb.ChatMessage(role=m.role, content=m.content) for m in messages],
+        sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0),
+    )
+    t0 = time.monotonic()
+    deltas: list[str] = []
+    attempt = 0
+    final: pb.Completion | None = None
+    async for resp in stub.Generate(req):
+        if resp.HasField("delta"):
+            if resp.delta.attempt > attempt:
+                attempt, deltas = resp.delta.attempt, []
+            deltas.append(resp.delta.text)
+        else:
+            final = resp.final
+    if final is None:
+        raise RuntimeError("stream ended without a final message")
+    return StageOutcome(
+        stage=stage,
+        model=final.model,
+        engine=final.engine,
+        queue_wait_s=final.queue_wait_s,
+        e2e_s=time.monotonic() - t0,
+        prompt_tokens=final.usage.prompt_tokens,
+        completion_tokens=final.usage.completion_tokens,
+        predicted_tokens=final.predicted_tokens,
+        attempts=final.attempts,
+        text=final.text,
+    )
+
+
+async def run_workflow(stub: pb_grpc.DispatcherStub, run: WorkflowRun, max_tokens: int) -> WorkflowRun:
+    t0 = time.monotonic()
+    history: list[str] = []
+    try:
+        for stage in range(run.workflow.n_stages):
+            out = await run_stage(stub, run, stage, history, max_tokens)
+            run.stages.append(out)
+            history.append(out.text)
+    except grpc.aio.AioRpcError as exc:
+        run.error = f"{exc.code().name}: {exc.details()}"
+    except RuntimeError as exc:
+        run.error = str(exc)
+    finally:
+        await stub.EndProgram(pb.EndProgramRequest(program_id=run.program_id))
+    run.e2e_s = time.monotonic() - t0
+    return run
+
+
+def plan_runs(problems: Sequence[Problem], n: int, seed: int) -> list[WorkflowRun]:
+    """``n`` workflows cycling through the six workflow types, each on a random problem of its domain."""
+    rng = random.Random(seed)
+    runs = []
+    for i in range(n):
+        wf = WORKFLOWS[i % len(WORKFLOWS)]
+        pool = [p for p in problems if p.domain == wf.domain] or list(problems)
+        runs.append(WorkflowRun(f"demo-{uuid.uuid4().hex[:12]}", wf, rng.choice(pool)))
+    return runs
+
+
+async def run_demo(
+    dispatcher_addr: str, problems: Sequence[Problem], n: int, concurrency: int, max_tokens: int, seed: int
+) -> list[WorkflowRun]:
+    runs = plan_runs(problems, n, seed)
+    sem = asyncio.Semaphore(concurrency)
+    async with grpc.aio.insecure_channel(dispatcher_addr) as channel:
+        stub = pb_grpc.DispatcherStub(channel)
+
+        async def one(run: WorkflowRun) -> WorkflowRun:
+            async with sem:
+                return await run_workflow(stub, run, max_tokens)
+
+        return list(await asyncio.gather(*(one(r) for r in runs)))

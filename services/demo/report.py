@@ -1,0 +1,77 @@
+"""What the demo prints: a queue snapshot taken mid-run and a per-workflow table."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from redis.asyncio import Redis
+from rich.console import Console
+from rich.table import Table
+
+from services.common.keys import Keys
+from services.demo.client import WorkflowRun
+from services.launcher.stack import Stack
+
+
+async def print_queue_snapshot(console: Console, stack: Stack, until: asyncio.Task[object]) -> None:
+    """Once some engine has a queue, print it as ``redis-cli ZRANGE <queue> 0 -1 WITHSCORES`` would."""
+    keys = Keys(stack.key_prefix)
+    client = Redis.from_url(stack.redis_url, decode_responses=True)
+    try:
+        while not until.done():
+            for e in stack.pool.engines:
+                entries = await client.zrange(keys.queue(e.id), 0, -1, withscores=True)
+                if len(entries) >= 3:
+                    table = Table(title=f"ZRANGE '{keys.queue(e.id)}' 0 -1 WITHSCORES (dispatch order)")
+                    for col in ("pos", "request", "score", "predicted tokens", "stage"):
+                        table.add_column(col)
+                    for pos, (rid, score) in enumerate(entries[:10]):
+                        y, stage = await client.hmget(keys.request(e.id, rid), ["y", "payload"])
+                        stage_idx = "?" if stage is None else str(_stage_of(stage))
+                        table.add_row(str(pos), rid[:16], f"{score:.1f}", str(y), stage_idx)
+                    console.print(table)
+                    return
+            await asyncio.sleep(0.05)
+    finally:
+        await client.aclose()
+
+
+def _stage_of(payload: str) -> int:
+    import json
+
+    return int(json.loads(payload)["stage"])
+
+
+def print_report(console: Console, runs: Sequence[WorkflowRun]) -> int:
+    table = Table(title="workflows")
+    for col in (
+        "program",
+        "workflow",
+        "model",
+        "engine",
+        "stages",
+        "queue wait s",
+        "tokens",
+        "e2e s",
+        "status",
+    ):
+        table.add_column(col)
+    for r in runs:
+        models = sorted({s.model for s in r.stages}) or ["-"]
+        engines = sorted({s.engine for s in r.stages}) or ["-"]
+        table.add_row(
+            r.program_id,
+            r.workflow.name,
+            ",".join(models),
+            ",".join(engines),
+            f"{len(r.stages)}/{r.workflow.n_stages}",
+            f"{sum(s.queue_wait_s for s in r.stages):.2f}",
+            str(sum(s.completion_tokens for s in r.stages)),
+            f"{r.e2e_s:.2f}",
+            "ok" if r.completed else f"[red]{r.error}[/]",
+        )
+    console.print(table)
+    done = sum(r.completed for r in runs)
+    console.print(f"workflows completed: {done}/{len(runs)}")
+    return len(runs) - done
