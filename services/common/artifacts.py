@@ -154,7 +154,7 @@ def load_version(kind_dir: Path, version: str) -> Any:
     path = kind_dir / f"{version}.joblib"
     try:
         return joblib.load(path)
-    except (OSError, EOFError, ValueError) as e:
+    except Exception as e:  # unpickling garbage can raise nearly anything (KeyError, UnpicklingError, ...)
         raise ArtifactError(f"cannot load {path}: {e}") from e
 
 
