@@ -1,0 +1,381 @@
+"""The real dispatcher gRPC server, in process, against fake router/predictor gRPC servers and a fake worker.
+
+The fakes are named as fakes: ``FakeRouterServicer`` and ``FakePredictorServicer`` answer the real protos
+on real ports; ``fake_worker`` drives the real QueueStore the way a worker does (claim, deltas, complete,
+renew/cancel), but produces canned text instead of running an engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+import pytest
+from redis.asyncio import Redis
+
+from chimera.dispatcher.v1 import dispatcher_pb2 as pb
+from chimera.dispatcher.v1 import dispatcher_pb2_grpc
+from chimera.predictor.v1 import predictor_pb2, predictor_pb2_grpc
+from chimera.router.v1 import router_pb2, router_pb2_grpc
+from services.common.keys import Keys
+from services.common.queue import QueueStore
+from services.common.redis_proc import PrivateRedis
+from services.common.types import ClaimedRequest, StageResult
+from services.dispatcher.clients import PredictorClient, RouterClient
+from services.dispatcher.config import DispatcherSettings
+from services.dispatcher.dispatch import Dispatcher
+from services.dispatcher.server import DispatcherServer
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
+
+ENGINES = {"e0": ("m-small", 5.0, 16), "e1": ("m-big", 20.0, 8)}
+CONFIDENCE = {"m-small": 0.2, "m-big": 0.9}
+PREDICTED = (40.0, 80.0)
+
+
+class FakeRouterServicer(router_pb2_grpc.RouterServicer):  # type: ignore[misc]
+    async def Score(self, request: router_pb2.ScoreRequest, context: grpc.aio.ServicerContext) -> object:  # noqa: N802
+        if any("fail-router" in i.text for i in request.items):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "fake router is down")
+        conf = {m: CONFIDENCE.get(m, 0.0) for m in request.models}
+        return router_pb2.ScoreResponse(
+            scores=[router_pb2.ModelScores(confidence=conf) for _ in request.items]
+        )
+
+
+class FakePredictorServicer(predictor_pb2_grpc.PredictorServicer):  # type: ignore[misc]
+    async def Predict(  # noqa: N802
+        self, request: predictor_pb2.PredictRequest, context: grpc.aio.ServicerContext
+    ) -> object:
+        if any("fail-predictor" in r.prompt_text for r in request.rows):
+            await context.abort(grpc.StatusCode.INTERNAL, "fake predictor broke")
+        return predictor_pb2.PredictResponse(
+            predictions=[predictor_pb2.Quantiles(values=list(PREDICTED)) for _ in request.rows],
+            quantiles=list(request.quantiles),
+        )
+
+
+async def fake_worker(store: QueueStore, engine: str, stop: asyncio.Event) -> None:
+    """Answers "Hello" in two deltas; holds requests whose task says "hold" until they are cancelled."""
+    held: dict[str, ClaimedRequest] = {}
+    while not stop.is_set():
+        for c in await store.claim(engine, "fake-worker", 8, lease_s=10):
+            if "hold" in c.request.user_text():
+                held[c.request.request_id] = c
+                continue
+            for part in ("Hel", "lo"):
+                await store.publish_delta(engine, c.request.request_id, c.attempt, part)
+            await store.complete(c, StageResult("Hello", "stop", 7, 2), None)
+        if held:
+            renewed = await store.renew(engine, {rid: c.attempt for rid, c in held.items()}, 10)
+            for rid in renewed.cancelled:
+                await store.complete(held.pop(rid), StageResult("", "cancelled", 7, 0), None)
+            for rid in renewed.lost:
+                held.pop(rid, None)
+        await asyncio.sleep(0.02)
+
+
+@dataclass
+class Stack:
+    stub: dispatcher_pb2_grpc.DispatcherStub
+    redis: Redis
+    keys: Keys
+    store: QueueStore
+    settings: DispatcherSettings
+
+
+async def _register(r: Redis, keys: Keys, heartbeat_ms: int | None = None) -> None:
+    hb = int(time.time() * 1000) if heartbeat_ms is None else heartbeat_ms
+    for eid, (model, ms, batch) in ENGINES.items():
+        await r.sadd(keys.engines(), eid)
+        await r.hset(
+            keys.engine_info(eid),
+            mapping={"model": model, "decode_ms_per_token": ms, "max_batch_size": batch, "heartbeat_ms": hb},
+        )
+
+
+@contextlib.asynccontextmanager
+async def _fake_server(add: object, servicer: object) -> AsyncIterator[str]:
+    server = grpc.aio.server()
+    add(servicer, server)  # type: ignore[operator]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(0)
+
+
+@contextlib.asynccontextmanager
+async def _dispatcher(settings: DispatcherSettings, redis: Redis, keys: Keys) -> AsyncIterator[str]:
+    async with (
+        grpc.aio.insecure_channel(settings.router_addr) as rc,
+        grpc.aio.insecure_channel(settings.predictor_addr) as pc,
+    ):
+        d = Dispatcher(
+            QueueStore(redis, keys),
+            redis,
+            RouterClient(rc, settings.router_timeout_s),
+            PredictorClient(pc, settings.predictor_timeout_s),
+            settings,
+        )
+        server = DispatcherServer(d, redis)
+        port = await server.start()
+        try:
+            yield f"127.0.0.1:{port}"
+        finally:
+            await server.stop()
+
+
+@pytest.fixture
+async def stack(private_redis: PrivateRedis, keys: Keys, redis_client: Redis) -> AsyncIterator[Stack]:
+    await _register(redis_client, keys)
+    store = QueueStore(redis_client, keys)
+    stop = asyncio.Event()
+    workers = [asyncio.create_task(fake_worker(store, e, stop)) for e in ENGINES]
+    async with (
+        _fake_server(router_pb2_grpc.add_RouterServicer_to_server, FakeRouterServicer()) as router_addr,
+        _fake_server(
+            predictor_pb2_grpc.add_PredictorServicer_to_server, FakePredictorServicer()
+        ) as pred_addr,
+    ):
+        settings = DispatcherSettings(
+            redis_url=private_redis.url,
+            key_prefix=keys.prefix,
+            port=0,
+            router_addr=router_addr,
+            predictor_addr=pred_addr,
+            max_tokens_limit=512,
+            max_prompt_chars=2000,
+            stream_block_ms=100,
+            reaper_interval_s=0.5,
+        )
+        async with _dispatcher(settings, redis_client, keys) as addr, grpc.aio.insecure_channel(addr) as ch:
+            yield Stack(dispatcher_pb2_grpc.DispatcherStub(ch), redis_client, keys, store, settings)
+    stop.set()
+    await asyncio.gather(*workers)
+
+
+def _gen(
+    program: str = "p1", stage: int = 0, text: str = "write a haiku", **kw: object
+) -> pb.GenerateRequest:
+    req = pb.GenerateRequest(
+        program_id=program,
+        stage=stage,
+        workflow="code/coder",
+        messages=[
+            pb.ChatMessage(role="system", content="be brief"),
+            pb.ChatMessage(role="user", content=text),
+        ],
+        sampling=pb.SamplingParams(max_tokens=32),
+    )
+    for name, value in kw.items():
+        setattr(req, name, value)
+    return req
+
+
+async def _collect(
+    stub: dispatcher_pb2_grpc.DispatcherStub, req: pb.GenerateRequest
+) -> list[pb.GenerateResponse]:
+    return [r async for r in stub.Generate(req, timeout=20)]
+
+
+async def _code(stub: dispatcher_pb2_grpc.DispatcherStub, req: pb.GenerateRequest) -> grpc.StatusCode:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _collect(stub, req)
+    return err.value.code()  # type: ignore[no-any-return]
+
+
+async def _state_keys(r: Redis, keys: Keys) -> set[str]:
+    """Every request and program key under this test's prefix."""
+    found = {k async for k in r.scan_iter(match=f"{keys.prefix}:*", count=500)}
+    return {k for k in found if ":req:" in k or ":prog:" in k}
+
+
+async def _wait_state(s: Stack, engine: str, rid: str, state: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await s.redis.hget(s.keys.request(engine, rid), "state") == state:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{rid} never reached state {state}")
+
+
+async def test_generate_streams_deltas_then_one_final(stack: Stack) -> None:
+    out = await _collect(stack.stub, _gen(request_id="r-ok"))
+    deltas = [r.delta for r in out if r.HasField("delta")]
+    finals = [r.final for r in out if r.HasField("final")]
+    assert [d.text for d in deltas] == ["Hel", "lo"] and all(d.attempt == 1 for d in deltas)
+    assert len(finals) == 1 and out[-1].HasField("final")
+    f = finals[0]
+    # Idle pool: both engines have L = 0, so the more confident m-big passes slack and margin.
+    assert (f.request_id, f.text, f.finish_reason, f.engine, f.model) == (
+        "r-ok",
+        "Hello",
+        "stop",
+        "e1",
+        "m-big",
+    )
+    assert (f.usage.prompt_tokens, f.usage.completion_tokens, f.attempts) == (7, 2, 1)
+    assert (f.predicted_tokens, f.predicted_tokens_p90) == (40, 80)
+    assert f.dispatch_ms > 0 and f.e2e_s >= f.queue_wait_s >= 0
+    fields = await stack.store.request_fields("e1", "r-ok")
+    decision = json.loads(fields["decision"])
+    assert decision["branch"] == "new" and decision["degraded"] == [] and decision["y"] == 40
+    assert {c["engine"] for c in decision["selection"]["candidates"]} == {"e0", "e1"}
+    # Stage 2 of the same program reuses the engine without asking the router.
+    out = await _collect(stack.stub, _gen(stage=1, request_id="r-ok-2", text="fail-router if asked"))
+    assert out[-1].final.engine == "e1"
+    assert json.loads((await stack.store.request_fields("e1", "r-ok-2"))["decision"])["branch"] == "reuse"
+
+
+def _no_program(r: pb.GenerateRequest) -> None:
+    r.program_id = ""
+
+
+def _no_messages(r: pb.GenerateRequest) -> None:
+    del r.messages[:]
+
+
+def _bad_role(r: pb.GenerateRequest) -> None:
+    r.messages[0].role = "wizard"
+
+
+def _no_workflow(r: pb.GenerateRequest) -> None:
+    r.workflow = ""
+
+
+def _too_many_tokens(r: pb.GenerateRequest) -> None:
+    r.sampling.max_tokens = 513
+
+
+def _huge_prompt(r: pb.GenerateRequest) -> None:
+    r.messages[1].content = "x" * 2001
+
+
+def _unknown_model(r: pb.GenerateRequest) -> None:
+    r.model = "m-huge"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "code"),
+    [
+        (_no_program, grpc.StatusCode.INVALID_ARGUMENT),
+        (_no_messages, grpc.StatusCode.INVALID_ARGUMENT),
+        (_bad_role, grpc.StatusCode.INVALID_ARGUMENT),
+        (_no_workflow, grpc.StatusCode.INVALID_ARGUMENT),
+        (_too_many_tokens, grpc.StatusCode.INVALID_ARGUMENT),
+        (_huge_prompt, grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (_unknown_model, grpc.StatusCode.NOT_FOUND),
+    ],
+)
+async def test_bad_input_is_refused_and_leaves_nothing(
+    stack: Stack, mutate: object, code: grpc.StatusCode
+) -> None:
+    req = _gen(program="p-bad", request_id="r-bad")
+    mutate(req)  # type: ignore[operator]
+    assert await _code(stack.stub, req) == code
+    assert await _state_keys(stack.redis, stack.keys) == set()
+
+
+async def test_backwards_stage_and_duplicate_id_change_nothing(stack: Stack) -> None:
+    await _collect(stack.stub, _gen(program="p2", stage=2, request_id="r-s2"))
+    before = await _state_keys(stack.redis, stack.keys)
+    prog_before = await stack.redis.hgetall(stack.keys.program("p2"))
+    assert (
+        await _code(stack.stub, _gen(program="p2", stage=1, request_id="r-s1"))
+        == grpc.StatusCode.FAILED_PRECONDITION
+    )
+    assert (
+        await _code(stack.stub, _gen(program="p2", stage=3, request_id="r-s2"))
+        == grpc.StatusCode.ALREADY_EXISTS
+    )
+    # A fresh program with a duplicate id: the program entry must not survive the refusal either.
+    assert (
+        await _code(stack.stub, _gen(program="p3", stage=0, request_id="r-s2"))
+        == grpc.StatusCode.ALREADY_EXISTS
+    )
+    assert await _state_keys(stack.redis, stack.keys) == before
+    after = await stack.redis.hgetall(stack.keys.program("p2"))
+    assert {k: after[k] for k in ("engine", "stage", "request_id")} == {
+        k: prog_before[k] for k in ("engine", "stage", "request_id")
+    }
+
+
+async def test_no_live_engine_is_unavailable(stack: Stack) -> None:
+    await _register(stack.redis, stack.keys, heartbeat_ms=int((time.time() - 3600) * 1000))
+    assert await _code(stack.stub, _gen(program="p-dead", request_id="r-dead")) == grpc.StatusCode.UNAVAILABLE
+    assert await _state_keys(stack.redis, stack.keys) == set()
+
+
+async def test_unreachable_redis_is_unavailable(stack: Stack, tmp_path: object) -> None:
+    broken = Redis.from_url(f"unix://{tmp_path}/no-such.sock", decode_responses=True)
+    settings = stack.settings.model_copy(update={"reaper_interval_s": 60.0})
+    try:
+        async with _dispatcher(settings, broken, stack.keys) as addr, grpc.aio.insecure_channel(addr) as ch:
+            stub = dispatcher_pb2_grpc.DispatcherStub(ch)
+            assert await _code(stub, _gen(program="p-x", request_id="r-x")) == grpc.StatusCode.UNAVAILABLE
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.ListModels(pb.ListModelsRequest(), timeout=10)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await broken.aclose()
+
+
+async def test_dependency_failures_degrade_instead_of_failing(stack: Stack) -> None:
+    out = await _collect(stack.stub, _gen(program="p-r", request_id="r-r", text="fail-router now"))
+    # Without confidences every q is 0: nothing beats the margin, so the fastest (idle tie -> e0) serves.
+    assert out[-1].final.engine == "e0"
+    assert json.loads((await stack.store.request_fields("e0", "r-r"))["decision"])["degraded"] == ["router"]
+    out = await _collect(stack.stub, _gen(program="p-p", request_id="r-p", text="fail-predictor now"))
+    f = out[-1].final
+    assert (f.predicted_tokens, f.predicted_tokens_p90) == (32, 32)  # max_tokens stands in
+    assert json.loads((await stack.store.request_fields(f.engine, "r-p"))["decision"])["degraded"] == [
+        "predictor"
+    ]
+
+
+async def test_end_program_cancels_records_outcome_and_forgets(stack: Stack) -> None:
+    call = asyncio.create_task(
+        _collect(stack.stub, _gen(program="p-end", request_id="r-hold", text="hold it"))
+    )
+    await _wait_state(stack, "e1", "r-hold", "running")
+    resp = await stack.stub.EndProgram(pb.EndProgramRequest(program_id="p-end", outcome=0.75), timeout=10)
+    assert (resp.found, resp.cancelled_requests) == (True, 1)
+    out = await asyncio.wait_for(call, 15)
+    assert out[-1].final.finish_reason == "cancelled"
+    assert not await stack.redis.exists(stack.keys.program("p-end"))
+    rows = await stack.redis.xrange(stack.keys.outcomes())
+    row = json.loads(rows[-1][1]["row"])
+    assert (row["program_id"], row["engine"], row["model"], row["outcome"]) == ("p-end", "e1", "m-big", 0.75)
+    resp = await stack.stub.EndProgram(pb.EndProgramRequest(program_id="p-end"), timeout=10)
+    assert (resp.found, resp.cancelled_requests) == (False, 0)
+
+
+async def test_caller_going_away_cancels_the_request(stack: Stack) -> None:
+    call = stack.stub.Generate(_gen(program="p-gone", request_id="r-gone", text="hold on"), timeout=20)
+    reader = asyncio.create_task(call.read())
+    await _wait_state(stack, "e1", "r-gone", "running")
+    call.cancel()
+    with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+        await reader
+    await _wait_state(stack, "e1", "r-gone", "cancelled")
+    assert int(await stack.redis.hget(stack.keys.engine_info("e1"), "load") or 0) == 0
+
+
+async def test_timeout_ms_is_deadline_exceeded_and_cancels(stack: Stack) -> None:
+    req = _gen(program="p-slow", request_id="r-slow", text="hold forever", timeout_ms=300)
+    assert await _code(stack.stub, req) == grpc.StatusCode.DEADLINE_EXCEEDED
+    await _wait_state(stack, "e1", "r-slow", "cancelled")
+
+
+async def test_list_models(stack: Stack) -> None:
+    resp = await stack.stub.ListModels(pb.ListModelsRequest(), timeout=10)
+    assert [m.name for m in resp.models] == ["m-big", "m-small"]
+    big = resp.models[0].engines[0]
+    assert (big.engine_id, big.alive, big.decode_ms_per_token, big.max_batch_size) == ("e1", True, 20.0, 8)
