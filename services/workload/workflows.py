@@ -1,9 +1,9 @@
 """The paper's six workflow types (§5) and the chat messages of each stage.
 
 A workflow is an ordered list of agent roles; the input of stage i is the role's system prompt, the user task
-and the accumulated history of earlier stages (paper §1). ``stage_messages`` builds exactly that and is the one
-definition the demo client, the benchmarks and the trace generator share. The role prompts are our own words:
-the paper publishes none.
+and the accumulated history of earlier stages (paper §1). ``stage_messages`` builds exactly that and is the
+one definition the demo client, the benchmarks and the trace generator share. The role prompts are our own
+words: the paper publishes none.
 """
 
 from __future__ import annotations
@@ -110,7 +110,8 @@ def stage_messages(
     messages = [ChatMessage("system", workflow.roles[stage].system_prompt), ChatMessage("user", task)]
     if history:
         parts = [
-            f"### Output of stage {i + 1} ({workflow.roles[i].name})\n{text.strip()}" for i, text in enumerate(history)
+            f"### Output of stage {i + 1} ({workflow.roles[i].name})\n{text.strip()}"
+            for i, text in enumerate(history)
         ]
         parts.append(f"### Your turn ({workflow.roles[stage].name})\nContinue the work as instructed.")
         messages.append(ChatMessage("user", "\n\n".join(parts)))
@@ -134,5 +135,6 @@ def approx_tokens(text: str) -> int:
 def approx_prompt_tokens(messages: Sequence[ChatMessage]) -> int:
     """Prompt tokens of a chat request under the proxy: the texts plus the chat template's framing."""
     return (
-        sum(approx_tokens(m.content) + TEMPLATE_TOKENS_PER_MESSAGE for m in messages) + TEMPLATE_TOKENS_PER_PROMPT
+        sum(approx_tokens(m.content) + TEMPLATE_TOKENS_PER_MESSAGE for m in messages)
+        + TEMPLATE_TOKENS_PER_PROMPT
     )
