@@ -25,6 +25,7 @@ from services.common.redis_proc import PrivateRedis
 from services.common.types import ChatMessage, Prediction, SamplingParams, StageRequest, StageResult
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.dispatch import Dispatched, Dispatcher
+from services.dispatcher.errors import DuplicateRequest
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 
@@ -149,3 +150,29 @@ async def test_replicas_keep_inflight_accounting_exact(private_redis: PrivateRed
     finally:
         for c in clients:
             await c.aclose()
+
+
+class FakeRacingPredictor:
+    """Enqueues a copy of the request mid-dispatch, as a retry racing its original through another replica."""
+
+    def __init__(self, store: QueueStore) -> None:
+        self._store = store
+
+    async def predict(self, request: StageRequest, model: str) -> Prediction:
+        engine = next(e for e, (m, _, _) in ENGINES.items() if m == model)
+        assert await self._store.enqueue(engine, request, Prediction(5, 5), 5.0, time.time(), {})
+        return Prediction(7, 7)
+
+
+async def test_duplicate_that_wins_the_race_leaves_no_assignment(
+    private_redis: PrivateRedis, keys: Keys, redis_client: Redis
+) -> None:
+    settings = DispatcherSettings(redis_url=private_redis.url, key_prefix=keys.prefix)
+    await _register(redis_client, keys)
+    store = QueueStore(redis_client, keys)
+    d = Dispatcher(store, redis_client, FakeRouter(1), FakeRacingPredictor(store), settings)
+    with pytest.raises(DuplicateRequest):
+        await d.dispatch(_req("p-dup", 0, "r-dup"))
+    assert not await redis_client.exists(keys.program("p-dup"))
+    loads = [int(await redis_client.hget(keys.engine_info(e), "load") or 0) for e in ENGINES]
+    assert sorted(loads) == [0, 0, 5]  # only the racing copy is accounted

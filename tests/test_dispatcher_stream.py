@@ -14,7 +14,7 @@ from services.common.queue import QueueStore, Retention
 from services.common.redis_proc import PrivateRedis
 from services.common.types import ChatMessage, Prediction, SamplingParams, StageRequest, StageResult
 from services.dispatcher.config import DispatcherSettings
-from services.dispatcher.dispatch import Dispatcher
+from services.dispatcher.dispatch import Dispatched, Dispatcher
 from services.dispatcher.errors import RequestFailed
 from services.dispatcher.reaper import reap_once
 from services.dispatcher.stream import Delta, Final, StreamItem, stream_output
@@ -60,8 +60,8 @@ async def _setup(private_redis: PrivateRedis, keys: Keys, r: Redis) -> tuple[Dis
     return Dispatcher(store, r, FakeRouter(), FakePredictor(), settings), store
 
 
-async def _drain(store: QueueStore, d: object) -> list[StreamItem]:
-    return [item async for item in stream_output(store, d, block_ms=50)]  # type: ignore[arg-type]
+async def _drain(dispatcher: Dispatcher, d: Dispatched) -> list[StreamItem]:
+    return [item async for item in stream_output(dispatcher.store, dispatcher.redis, d, block_ms=50)]
 
 
 async def test_rerun_after_worker_death_streams_the_winning_attempt(
@@ -69,7 +69,7 @@ async def test_rerun_after_worker_death_streams_the_winning_attempt(
 ) -> None:
     dispatcher, store = await _setup(private_redis, keys, redis_client)
     d = await dispatcher.dispatch(_req("r1"))
-    reader = asyncio.create_task(_drain(store, d))
+    reader = asyncio.create_task(_drain(dispatcher, d))
     first = (await store.claim("e0", "dying-worker", 1, lease_s=0.05))[0]
     await store.publish_delta("e0", "r1", first.attempt, "old-")
     await asyncio.sleep(0.1)
@@ -95,7 +95,7 @@ async def test_error_event_raises_with_its_code(
     claimed = (await store.claim("e0", "w", 1, lease_s=10))[0]
     assert await store.fail(claimed, "RESOURCE_EXHAUSTED", "context too long")
     with pytest.raises(RequestFailed) as err:
-        await _drain(store, d)
+        await _drain(dispatcher, d)
     assert err.value.code == "RESOURCE_EXHAUSTED"
 
 
@@ -106,5 +106,5 @@ async def test_lost_request_ends_the_stream(
     d = await dispatcher.dispatch(_req("r3"))
     await redis_client.delete(keys.request("e0", "r3"))  # as if its retention had expired
     with pytest.raises(RequestFailed) as err:
-        await asyncio.wait_for(_drain(store, d), 10)
+        await asyncio.wait_for(_drain(dispatcher, d), 10)
     assert err.value.code == "UNAVAILABLE"

@@ -105,6 +105,10 @@ class Dispatcher:
         self._limits = Limits(settings.max_tokens_limit, settings.max_prompt_chars)
         self._unassign = redis.register_script(_UNASSIGN)
 
+    @property
+    def redis(self) -> Redis:
+        return self._r
+
     async def _redis(self, t: _Timings, call: Awaitable[T]) -> T:
         t0 = time.perf_counter()
         try:
@@ -154,9 +158,11 @@ class Dispatcher:
             selection = self._policy.select(pool, confidences, s.tau, s.delta_s)
             t.policy_ms += _ms_since(t0)
             engine, model = selection.engine_id, selection.model
-        pred = await self._predict(req, model, t, degraded)
+        # A retried request usually finds its first copy here, before anything is written; ENQUEUE stays
+        # the authority for the rare retry that races its original.
         if await self._redis(t, self._r.exists(k.request(engine, req.request_id))):
             raise DuplicateRequest(f"request {req.request_id} already exists")
+        pred = await self._predict(req, model, t, degraded)
         status, assigned, assigned_model = await self._redis(
             t,
             self.store.assign(

@@ -73,10 +73,14 @@ def _completion(f: Final) -> pb.Completion:
     )
 
 
-async def _abort(context: grpc.aio.ServicerContext, e: DispatchError) -> None:
-    """The one place where domain errors become gRPC status codes."""
-    code = getattr(grpc.StatusCode, e.code, grpc.StatusCode.INTERNAL)
-    await context.abort(code, str(e) or e.code)
+async def _abort(context: grpc.aio.ServicerContext, e: Exception) -> None:
+    """The one place where errors become gRPC status codes; anything unexpected is INTERNAL and logged."""
+    if isinstance(e, DispatchError):
+        code, message = getattr(grpc.StatusCode, e.code, grpc.StatusCode.INTERNAL), str(e) or e.code
+    else:
+        log.error("dispatcher call failed", exc_info=e)
+        code, message = grpc.StatusCode.INTERNAL, "dispatcher error; see its log"
+    await context.abort(code, message)
 
 
 class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):  # type: ignore[misc]
@@ -89,12 +93,12 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):  # type: ignor
         s = self._d.settings
         try:
             dispatched = await self._d.dispatch(to_stage_request(request, s))
-            async for item in stream_output(self._d.store, dispatched, s.stream_block_ms):
+            async for item in stream_output(self._d.store, self._d.redis, dispatched, s.stream_block_ms):
                 if isinstance(item, Delta):
                     yield pb.GenerateResponse(delta=pb.TextDelta(text=item.text, attempt=item.attempt))
                 else:
                     yield pb.GenerateResponse(final=_completion(item))
-        except DispatchError as e:
+        except Exception as e:  # mapped in _abort
             await _abort(context, e)
 
     async def EndProgram(  # noqa: N802
@@ -103,7 +107,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):  # type: ignor
         outcome = request.outcome if request.HasField("outcome") else None
         try:
             end = await self._d.end_program(request.program_id, outcome)
-        except DispatchError as e:
+        except Exception as e:  # mapped in _abort
             await _abort(context, e)
             raise AssertionError("unreachable: abort raises") from e
         return pb.EndProgramResponse(found=end.found, cancelled_requests=end.cancelled_requests)
@@ -113,7 +117,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):  # type: ignor
     ) -> pb.ListModelsResponse:
         try:
             engines = await self._d.engines()
-        except DispatchError as e:
+        except Exception as e:  # mapped in _abort
             await _abort(context, e)
             raise AssertionError("unreachable: abort raises") from e
         by_model: dict[str, list[pb.EngineStatus]] = defaultdict(list)

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -53,6 +54,10 @@ class Final:
 StreamItem = Delta | Final
 
 
+def _str(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
 def _f(fields: dict[str, str], name: str) -> float | None:
     try:
         return float(fields[name])
@@ -62,6 +67,7 @@ def _f(fields: dict[str, str], name: str) -> float | None:
 
 async def stream_output(
     store: QueueStore,
+    redis: Redis,
     d: Dispatched,
     block_ms: int = 1000,
     clock: Callable[[], float] = time.time,
@@ -82,8 +88,8 @@ async def stream_output(
                 wait_ms = max(1, min(block_ms, left_ms))
             events = await _io(store.read_events(engine, rid, after, wait_ms))
             if not events:
-                fields = await _io(store.request_fields(engine, rid))
-                if not fields:
+                # Cheap liveness probe (never the whole hash: it holds the prompt).
+                if not await _io(redis.exists(store.keys.request(engine, rid))):
                     finished = True
                     raise RequestFailed("UNAVAILABLE", f"request {rid} expired before it finished")
                 continue
@@ -100,15 +106,19 @@ async def stream_output(
                     raise RequestFailed(str(ev.data.get("code", "INTERNAL")), str(ev.data.get("message", "")))
                 elif kind == "final":
                     finished = True
-                    yield await _final(store, d, ev.data, clock)
+                    yield await _final(store, redis, d, ev.data, clock)
                     return
     finally:
         if not finished:
             await _cancel_quietly(store, engine, rid)
 
 
-async def _final(store: QueueStore, d: Dispatched, ev: dict[str, Any], clock: Callable[[], float]) -> Final:
-    fields = await _io(store.request_fields(d.engine, d.request.request_id))
+async def _final(
+    store: QueueStore, redis: Redis, d: Dispatched, ev: dict[str, Any], clock: Callable[[], float]
+) -> Final:
+    names = ("t_enq", "t_first_claim", "attempt")
+    raw = await _io(redis.hmget(store.keys.request(d.engine, d.request.request_id), list(names)))
+    fields = {n: _str(v) for n, v in zip(names, raw, strict=True) if v is not None}
     t_enq, t_claim = _f(fields, "t_enq"), _f(fields, "t_first_claim")
     queue_wait = max(0.0, t_claim - t_enq) if t_enq is not None and t_claim is not None else 0.0
     attempts = int(_f(fields, "attempt") or ev.get("a") or 0)
