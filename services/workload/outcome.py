@@ -17,8 +17,8 @@ independent given the problem, so earlier outputs carry no information beyond th
 
 Features of a problem ``p`` (all real): domain; difficulty ``d`` in [0, 1] (``corpus.py``); prompt length
 ``l = ln(approx tokens of the text)``. Both are centred per domain on the corpus the model is calibrated on:
-``d' = d - mean d``, ``l' = clip(l - median l, +-1.5)``. Hidden factors, fixed per problem (or per problem and model) by a
-hash of the ids and the world seed, stand for everything the text does not reveal.
+``d' = d - mean d``, ``l' = clip(l - median l, +-1.5)``. Hidden factors, fixed per problem (or per problem
+and model) by a hash of the ids and the world seed, stand for everything the text does not reveal.
 
 Lengths. Stage j of workflow w emits ``S[m, D] * ROLE_WEIGHT[w, j] * exp(f) * e_j`` tokens, with
 ``f = LEN_DIFFICULTY[D] * d' + LEN_PROMPT * l' + LEN_HIDDEN_SHARED * u + LEN_HIDDEN_MODEL * v`` and ``e_j``
@@ -165,7 +165,8 @@ def _seed(*parts: object) -> int:
 
 def _runaway_tokens(u: F64) -> F64:
     lo, hi = RUNAWAY_RANGE
-    return np.minimum(np.ceil(MAX_GEN_TOKENS * (lo + (hi - lo) * u)), MAX_GEN_TOKENS)
+    out: F64 = np.minimum(np.ceil(MAX_GEN_TOKENS * (lo + (hi - lo) * u)), MAX_GEN_TOKENS)
+    return out
 
 
 def _runaway_moments() -> tuple[float, float]:
