@@ -379,3 +379,17 @@ async def test_list_models(stack: Stack) -> None:
     assert [m.name for m in resp.models] == ["m-big", "m-small"]
     big = resp.models[0].engines[0]
     assert (big.engine_id, big.alive, big.decode_ms_per_token, big.max_batch_size) == ("e1", True, 20.0, 8)
+
+
+async def test_pinned_model_skips_the_router_and_binds_the_program(stack: Stack) -> None:
+    # "fail-router" would degrade the decision if the router were asked; a pin must not ask it.
+    out = await _collect(
+        stack.stub, _gen(program="p-pin", request_id="r-pin", text="fail-router", model="m-small")
+    )
+    assert (out[-1].final.engine, out[-1].final.model) == ("e0", "m-small")
+    decision = json.loads((await stack.store.request_fields("e0", "r-pin"))["decision"])
+    assert (decision["branch"], decision["degraded"]) == ("pinned", [])
+    before = await _state_keys(stack.redis, stack.keys)
+    req = _gen(program="p-pin", stage=1, request_id="r-pin-2", model="m-big")
+    assert await _code(stack.stub, req) == grpc.StatusCode.FAILED_PRECONDITION
+    assert await _state_keys(stack.redis, stack.keys) == before

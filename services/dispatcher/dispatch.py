@@ -147,17 +147,9 @@ class Dispatcher:
             engine, model = self._reuse(req, program, engines)
             branch = "reuse"
         else:
-            branch = "pinned" if req.model_pin is not None else "new"
-            pool = [e for e in engines if req.model_pin is None or e.model == req.model_pin]
-            if not any(e.alive for e in pool):
-                raise NoLiveEngine("no live engine" + (f" serves {req.model_pin!r}" if req.model_pin else ""))
-            if req.model_pin is None:
-                confidences = await self._confidences(req, pool, t, degraded)
-            t0 = time.perf_counter()
-            s = self.settings
-            selection = self._policy.select(pool, confidences, s.tau, s.delta_s)
-            t.policy_ms += _ms_since(t0)
+            selection, confidences = await self._choose(req, engines, t, degraded)
             engine, model = selection.engine_id, selection.model
+            branch = "pinned" if req.model_pin is not None else "new"
         # A retried request usually finds its first copy here, before anything is written; ENQUEUE stays
         # the authority for the rare retry that races its original.
         if await self._redis(t, self._r.exists(k.request(engine, req.request_id))):
@@ -199,6 +191,21 @@ class Dispatcher:
                 await self._redis(t, self._unassign(keys=[k.program(req.program_id)], args=[req.request_id]))
             raise DuplicateRequest(f"request {req.request_id} already exists")
         return Dispatched(req, engine, model, pred, score, t_enq, _ms_since(started), tuple(degraded))
+
+    async def _choose(
+        self, req: StageRequest, engines: Sequence[EngineSnapshot], t: _Timings, degraded: list[str]
+    ) -> tuple[Selection, Mapping[str, float]]:
+        """First stage: ask the router (unless pinned) and run the selection policy over live engines."""
+        pool = [e for e in engines if req.model_pin is None or e.model == req.model_pin]
+        if not any(e.alive for e in pool):
+            raise NoLiveEngine("no live engine" + (f" serves {req.model_pin!r}" if req.model_pin else ""))
+        # A pinned model needs no confidences: the policy then simply picks its least-loaded engine.
+        confidences = {} if req.model_pin else await self._confidences(req, pool, t, degraded)
+        t0 = time.perf_counter()
+        s = self.settings
+        selection = self._policy.select(pool, confidences, s.tau, s.delta_s)
+        t.policy_ms += _ms_since(t0)
+        return selection, confidences
 
     def _reuse(
         self, req: StageRequest, program: Mapping[str, str], engines: Sequence[EngineSnapshot]
