@@ -15,17 +15,17 @@ class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CHIMERA_", extra="ignore", frozen=True)
 
     redis_url: str = Field(
-        "redis://127.0.0.1:6379/0",
+        default="redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("CHIMERA_REDIS_URL", "redis_url"),
         description="Redis holding the queues and the program table",
     )
     key_prefix: str = Field(
-        "chimera",
+        default="chimera",
         min_length=1,
         validation_alias=AliasChoices("CHIMERA_KEY_PREFIX", "key_prefix"),
         description="prefix of every Redis key",
     )
-    log_level: str = Field("INFO", validation_alias=AliasChoices("CHIMERA_LOG_LEVEL", "log_level"))
+    log_level: str = Field(default="INFO", validation_alias=AliasChoices("CHIMERA_LOG_LEVEL", "log_level"))
 
     @field_validator("redis_url")
     @classmethod
