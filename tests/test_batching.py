@@ -85,6 +85,17 @@ async def test_batch_closes_at_timeout(tmp_path: Path, make_collector: Any) -> N
     assert c.stats[0].requests == 2 and c.stats[0].ok
 
 
+async def test_workers_run_batches_in_parallel(tmp_path: Path, make_collector: Any) -> None:
+    publish_fake(tmp_path, "v1", sleep=0.4)
+    c = await make_collector(max_batch_size=2, max_wait_ms=1, pool_workers=2, reload_interval_s=60)
+    t0 = time.perf_counter()
+    answers = await asyncio.wait_for(asyncio.gather(*(c.submit(str(i)) for i in range(4))), 20)
+    # Two batches of two, each sleeping 0.4 s: in parallel they take ~0.4 s, one after another 0.8 s.
+    assert time.perf_counter() - t0 < 0.7
+    assert sorted(r for _, r in answers) == [f"v1:{i}" for i in range(4)]
+    assert [s.size for s in c.stats] == [2, 2]
+
+
 async def test_one_callers_items_stay_together(tmp_path: Path, make_collector: Any) -> None:
     publish_fake(tmp_path, "v1")
     c = await make_collector(max_batch_size=3, max_wait_ms=5, reload_interval_s=60)

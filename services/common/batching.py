@@ -103,7 +103,7 @@ class _Pending(Generic[I, R]):
     future: asyncio.Future[Answer[R]]
 
 
-@dataclass
+@dataclass(frozen=True)
 class CollectorOptions:
     max_batch_size: int = 32
     max_wait_ms: float = 5.0
@@ -228,11 +228,12 @@ class BatchCollector(Generic[I, R]):
         )
         try:
             loop = asyncio.get_running_loop()
-            loaded = await asyncio.wait_for(
-                loop.run_in_executor(executor, _ping), timeout=self._opt.load_timeout_s
-            )
-            if loaded != version:
-                raise RuntimeError(f"worker loaded {loaded}, expected {version}")
+            # One ping per worker, submitted together, makes the executor start every worker now, so the
+            # new version is fully loaded before it takes traffic.
+            pings = [loop.run_in_executor(executor, _ping) for _ in range(self._opt.pool_workers)]
+            loaded = await asyncio.wait_for(asyncio.gather(*pings), timeout=self._opt.load_timeout_s)
+            if set(loaded) != {version}:
+                raise RuntimeError(f"workers loaded {sorted(set(loaded))}, expected {version}")
         except BaseException:
             executor.shutdown(wait=False, cancel_futures=True)
             raise
