@@ -15,7 +15,7 @@ class LauncherSettings(CommonSettings):
 
     # None starts a private redis-server on a Unix socket under state_dir (the default on a user's machine).
     redis_url: str | None = Field(  # type: ignore[assignment]
-        None,
+        default=None,
         validation_alias=AliasChoices("CHIMERA_REDIS_URL", "redis_url"),
         description="use this Redis instead of starting a private one",
     )
