@@ -158,7 +158,9 @@ async def _code(call: object) -> grpc.StatusCode:
 
 
 async def test_server_predicts_and_rejects_bad_input(tmp_path: Path) -> None:
-    settings = PredictorSettings(port=0, artifact_dir=tmp_path, max_request_items=16, grace_s=1.0)
+    settings = PredictorSettings(
+        port=0, artifact_dir=tmp_path / "predictor", max_request_items=16, grace_s=1.0
+    )
     server = PredictorServer(settings)
     port = await server.start()
     try:

@@ -123,7 +123,7 @@ async def router(tmp_path: Path) -> AsyncIterator[tuple[RouterServer, router_pb2
     settings = RouterSettings(
         host="127.0.0.1",
         port=0,
-        artifact_dir=tmp_path,
+        artifact_dir=tmp_path / "router",
         max_request_items=8,
         reload_interval_s=0.1,
         grace_s=1.0,
@@ -180,7 +180,7 @@ async def test_server_without_artifact_is_unavailable_then_serves(tmp_path: Path
 async def test_server_bad_inputs(tmp_path: Path) -> None:
     traces, outcomes = synthetic_router_traces(tasks=20)
     train_router(traces, outcomes, tmp_path, holdout=0.0)
-    settings = RouterSettings(port=0, artifact_dir=tmp_path, max_request_items=8, grace_s=1.0)
+    settings = RouterSettings(port=0, artifact_dir=tmp_path / "router", max_request_items=8, grace_s=1.0)
     server = RouterServer(settings)
     port = await server.start()
     try:

@@ -73,7 +73,7 @@ def test_router_process_serves_and_stops_gracefully(tmp_path: Path) -> None:
     meta = train_router(traces, outcomes, tmp_path, holdout=0.0)
     env = {
         "CHIMERA_ROUTER_PORT": "0",
-        "CHIMERA_ROUTER_ARTIFACT_DIR": str(tmp_path),
+        "CHIMERA_ROUTER_ARTIFACT_DIR": str(tmp_path / "router"),
         "CHIMERA_LOG_LEVEL": "INFO",
     }
     proc, port = start_service("services.router", env)
@@ -91,7 +91,7 @@ def test_router_process_serves_and_stops_gracefully(tmp_path: Path) -> None:
 def test_predictor_process_serves_and_stops_gracefully(tmp_path: Path) -> None:
     traces, _ = _fake_rows()
     meta = train_predictor(traces, tmp_path, holdout=0.0)
-    env = {"CHIMERA_PREDICTOR_PORT": "0", "CHIMERA_PREDICTOR_ARTIFACT_DIR": str(tmp_path)}
+    env = {"CHIMERA_PREDICTOR_PORT": "0", "CHIMERA_PREDICTOR_ARTIFACT_DIR": str(tmp_path / "predictor")}
     proc, port = start_service("services.predictor", env)
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:

@@ -16,8 +16,8 @@ class PredictorSettings(CommonSettings):
     host: str = Field(default="127.0.0.1", min_length=1, description="address the gRPC server binds")
     port: int = Field(default=50062, ge=0, le=65535, description="gRPC port (0 picks a free one)")
     artifact_dir: Path = Field(
-        default=Path(".chimera/artifacts"),
-        description="artifacts root; the predictor serves <root>/predictor/CURRENT",
+        default=Path(".chimera/artifacts/predictor"),
+        description="this service's artifact directory: <dir>/CURRENT names the version to serve",
     )
     max_batch_size: int = Field(default=32, ge=1, le=4096, description="items per inference batch, at most")
     max_wait_ms: float = Field(

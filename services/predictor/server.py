@@ -21,7 +21,6 @@ from services.predictor.errors import BadRequestError, PredictorError, TooManyRo
 from services.predictor.features import PredictorInput
 from services.predictor.inference import PredictItem, predict_batch
 from services.predictor.service import PredictorService
-from services.predictor.training import KIND
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +99,7 @@ class PredictorServer:
         self.health = health.aio.HealthServicer()
         self._health_tasks: set[asyncio.Task[None]] = set()
         self.collector: BatchCollector[PredictItem, tuple[float, ...]] = BatchCollector(
-            settings.artifact_dir / KIND,
+            settings.artifact_dir,
             predict_batch,
             CollectorOptions(
                 max_batch_size=settings.max_batch_size,

@@ -20,7 +20,6 @@ from services.router.config import RouterSettings
 from services.router.errors import BadRequestError, RouterError, TooManyItemsError, UnknownModelError
 from services.router.inference import RouterItem, score_batch
 from services.router.service import RouterService
-from services.router.training import KIND
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +87,7 @@ class RouterServer:
         self.health = health.aio.HealthServicer()
         self._health_tasks: set[asyncio.Task[None]] = set()
         self.collector: BatchCollector[RouterItem, dict[str, float]] = BatchCollector(
-            settings.artifact_dir / KIND,
+            settings.artifact_dir,
             score_batch,
             CollectorOptions(
                 max_batch_size=settings.max_batch_size,
