@@ -69,6 +69,9 @@ class Worker:
         self._held: dict[str, _Job] = {}
         self._stop = asyncio.Event()
         self._slot_freed = asyncio.Event()
+        # Background loops stop on this event rather than by cancellation: a cancel that lands inside a
+        # redis-py command can be absorbed by the client, which would leave the loop running forever.
+        self._closing = asyncio.Event()
         self._fatal: EngineDeadError | None = None
         self.claimed_total = 0
         self.completed_total = 0
@@ -115,9 +118,10 @@ class Worker:
                 await self._admission_loop()
                 await self._drain()
             finally:
-                for t in background:
+                self._closing.set()
+                _done, pending = await asyncio.wait(background, timeout=5.0)
+                for t in pending:
                     t.cancel()
-                await asyncio.gather(*background, return_exceptions=True)
         finally:
             await self._engine.stop()
         if self._fatal is not None:
@@ -325,8 +329,7 @@ class Worker:
     async def _renew_loop(self) -> None:
         o = self._o
         every = min(o.lease_s / 3.0, 1.0)
-        while True:
-            await asyncio.sleep(every)
+        while not await self._closed_within(every):
             held = {rid: j.claimed.attempt for rid, j in self._held.items()}
             try:
                 res = await self._q.renew(o.engine_id, held, o.lease_s)
@@ -353,7 +356,8 @@ class Worker:
                 await registration.heartbeat(self._r, self._q.keys, o.engine_id, o.worker_id, len(self._held))
             except RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)
-            await asyncio.sleep(o.heartbeat_s)
+            if await self._closed_within(o.heartbeat_s):
+                return
 
     async def _reap_once(self) -> None:
         try:
@@ -365,6 +369,11 @@ class Worker:
             log.info("re-queued %d requests whose lease expired: %s", len(ids), ids[:10])
 
     async def _reap_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._o.lease_s / 2.0)
+        while not await self._closed_within(self._o.lease_s / 2.0):
             await self._reap_once()
+
+    async def _closed_within(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; True as soon as the worker is closing."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closing.wait(), seconds)
+        return self._closing.is_set()
