@@ -139,6 +139,10 @@ async def test_broken_artifact_keeps_old_version(tmp_path: Path, make_collector:
     assert await asyncio.wait_for(c.reload(), 60) is False
     assert c.current is not None and c.current.version == good
     assert await asyncio.wait_for(c.submit("a"), 20) == (good, "v1:a")
+    assert await asyncio.wait_for(c.reload(), 60) is False  # backing off, old version still serves
+    fixed = publish_fake(tmp_path, "v3")
+    assert await asyncio.wait_for(c.reload(), 60) is True
+    assert await asyncio.wait_for(c.submit("a"), 20) == (fixed, "v3:a")
 
 
 async def test_hot_reload_under_load_drops_nothing(tmp_path: Path, make_collector: Any) -> None:

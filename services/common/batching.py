@@ -33,6 +33,8 @@ from services.common.artifacts import ArtifactMeta, CurrentWatcher, load_meta, l
 
 log = logging.getLogger(__name__)
 
+_MAX_RETRY_S = 60.0  # longest pause between attempts to load a version that failed to load
+
 I = TypeVar("I")  # noqa: E741
 R = TypeVar("R")
 
@@ -139,6 +141,8 @@ class BatchCollector(Generic[I, R]):
         self._background: list[asyncio.Task[Any]] = []
         self._retiring: set[asyncio.Task[Any]] = set()
         self._closed = False
+        # (version, monotonic time of the next attempt, current backoff) of the last version that failed.
+        self._failed: tuple[str, float, float] = ("", 0.0, 0.0)
         self.stats: deque[BatchStat] = deque(maxlen=options.stats_maxlen)
 
     @property
@@ -181,13 +185,20 @@ class BatchCollector(Generic[I, R]):
                 return False
             if current is not None and current.meta.version == version and not current.broken:
                 return False
+            failed, retry_at, backoff = self._failed
+            if version == failed and time.monotonic() < retry_at:
+                self._watcher.reset()  # look again at the next poll
+                return False
             try:
                 pool = await self._build_pool(version)
             except Exception as e:
-                # Keep serving the old version; retry this one on the next poll.
+                # Keep serving the old version; retry this one later, backing off to spare process spawns.
+                backoff = min(2 * backoff, _MAX_RETRY_S) if version == failed else self._opt.reload_interval_s
+                self._failed = (version, time.monotonic() + backoff, backoff)
                 log.error("artifact %s in %s failed to load, keeping the old one: %s", version, self._dir, e)
                 self._watcher.reset()
                 return False
+            self._failed = ("", 0.0, 0.0)
             old, self._pool = self._pool, pool
             log.info("serving artifact %s (%s) from %s", version, pool.meta.backend, self._dir)
             if old is not None:
