@@ -34,8 +34,9 @@ Success. ``p = sigmoid(theta[m, D] + WORKFLOW_LOGIT[w] - SUCC_DIFFICULTY[D] * d'
 SUCC_HIDDEN_SHARED * a + SUCC_HIDDEN_MODEL * b)`` with ``a`` shared by all models (hard problems are hard for
 everyone) and ``b`` per model (what one model happens to know). ``theta`` is solved so that the mean expected
 score over the corpus and the workflow mix equals the target score. Code (APPS scores the share of hidden
-tests passed) earns 1.0 on success and, with probability ``PARTIAL_CREDIT_RATE``, U(0.1, 0.9) partial credit
-on a failure; math (exact match) earns 1 or 0.
+tests passed) earns 1.0 on success and, with probability ``PARTIAL_CREDIT_RATE``, U(0.05, 0.45) partial
+credit on a failure; math (exact match) earns 1 or 0. Partial credit stays below 0.5, so ``score >= 0.5`` is
+exactly the success label (what the router trains on).
 
 Constants, each an assumption [A] reasoned as stated (the paper gives none of them):
 
@@ -55,7 +56,7 @@ Constants, each an assumption [A] reasoned as stated (the paper gives none of th
 - ``SUCC_PROMPT = 0.25``: longer statements are slightly harder.
 - ``SUCC_HIDDEN_SHARED = 1.0``, ``SUCC_HIDDEN_MODEL = 0.6``: unexplained hardness; the per-model part is what
   makes routing worth anything beyond "bigger is better" (paper Table 2: router mAP 0.52 APPS, 0.74 MATH).
-- ``PARTIAL_CREDIT_RATE = 0.2``: a wrong program still passes some tests now and then.
+- ``PARTIAL_CREDIT_RATE = 0.2``, ``U(0.05, 0.45)``: a wrong program still passes some tests now and then.
 - ``ROLE_WEIGHT``: planner 0.5, coder/solver 1.0, QA 0.6, verifier 0.7, the revising second coder 0.9 /
   solver 0.8, a solo coder 1.2 / solver 1.15 (it plans in its own answer).
 - ``WORKFLOW_LOGIT``: solo 0, planner + worker +0.15 code / +0.10 math, the four-stage review loop +0.35 /
@@ -73,9 +74,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from services.common.tokens import approx_tokens
 from services.workload.corpus import Problem
 from services.workload.models import MODELS, ModelSpec, Target, resolve_model, target_for
-from services.workload.workflows import Workflow, approx_tokens, workflows_for
+from services.workload.workflows import Workflow, workflows_for
 
 F64 = npt.NDArray[np.float64]
 
@@ -92,6 +94,7 @@ SUCC_PROMPT = 0.25
 SUCC_HIDDEN_SHARED = 1.0
 SUCC_HIDDEN_MODEL = 0.6
 PARTIAL_CREDIT_RATE = 0.2
+PARTIAL_LOW, PARTIAL_HIGH = 0.05, 0.45
 PROMPT_CLIP = 1.5
 ROLE_WEIGHT: dict[str, tuple[float, ...]] = {
     "code/planner-coder-qa-coder": (0.5, 1.0, 0.6, 0.9),
@@ -179,7 +182,7 @@ def _runaway_moments() -> tuple[float, float]:
 
 
 def _expected_score(p: F64 | float, domain: str) -> F64 | float:
-    return p + (1 - p) * PARTIAL_CREDIT_RATE * 0.5 if domain == "code" else p
+    return p + (1 - p) * PARTIAL_CREDIT_RATE * (PARTIAL_LOW + PARTIAL_HIGH) / 2 if domain == "code" else p
 
 
 def _sigmoid(x: F64) -> F64:
@@ -343,7 +346,8 @@ class OutcomeModel:
         u_success, u_partial, u_credit = rng.random(3)
         success = bool(u_success < p)
         partial = problem.domain == "code" and u_partial < PARTIAL_CREDIT_RATE
-        score = 1.0 if success else (round(0.1 + 0.8 * float(u_credit), 3) if partial else 0.0)
+        credit = round(PARTIAL_LOW + (PARTIAL_HIGH - PARTIAL_LOW) * float(u_credit), 3)
+        score = 1.0 if success else (credit if partial else 0.0)
         median, p90 = self._ceiling(problem, workflow, spec)
         stage = tuple(int(t) for t in tokens[0])
         return Outcome(

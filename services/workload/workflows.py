@@ -8,10 +8,10 @@ words: the paper publishes none.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from services.common.tokens import approx_tokens
 from services.common.types import ChatMessage
 
 
@@ -122,18 +122,11 @@ def stage_messages(
 # and the generation prompt adds about three more.
 TEMPLATE_TOKENS_PER_MESSAGE = 4
 TEMPLATE_TOKENS_PER_PROMPT = 3
-# Byte-level BPE tokenizers of the paper's models average about 4 characters per token on English prose and
-# a little less on code; 4 is the usual rule of thumb and keeps the proxy independent of any one tokenizer.
-CHARS_PER_TOKEN = 4.0
-
-
-def approx_tokens(text: str) -> int:
-    """Token count proxy for a text when no tokenizer is at hand: ceil(chars / 4)."""
-    return math.ceil(len(text) / CHARS_PER_TOKEN)
 
 
 def approx_prompt_tokens(messages: Sequence[ChatMessage]) -> int:
-    """Prompt tokens of a chat request under the proxy: the texts plus the chat template's framing."""
+    """Prompt tokens of a chat request under the project's token proxy (``services.common.tokens``): the texts
+    plus the chat template's framing. Used where no engine reported a real count (generated traces)."""
     return (
         sum(approx_tokens(m.content) + TEMPLATE_TOKENS_PER_MESSAGE for m in messages)
         + TEMPLATE_TOKENS_PER_PROMPT
