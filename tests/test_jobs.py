@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pydantic
@@ -26,13 +28,15 @@ import redis
 from celery import Celery
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from services.common import artifacts
 from services.common.keys import Keys
 from services.common.redis_proc import PrivateRedis
-from services.common.types import OutcomeRow, TraceRow
+from services.common.types import EngineProfile, OutcomeRow, TraceRow
 from services.jobs import healthcheck
-from services.jobs.app import EXPORT_TRACES, make_app
+from services.jobs.app import make_app
 from services.jobs.config import JobsSettings
 from services.jobs.export import cursor_key, export_traces, lock_key, outcome_file, trace_file
+from services.jobs.tasks import EXPORT_TRACES, PROFILE_ENGINE, RETRAIN_PREDICTOR, RETRAIN_ROUTER
 
 ROW = TraceRow(
     request_id="r0", program_id="p0", workflow="code", stage=0, engine="e0", model="m", system_text="s",
@@ -273,3 +277,78 @@ def test_real_worker_exports_each_row_once(
     assert healthcheck.check_celery(timeout_s=5.0)
     assert worker.poll() is None
     assert "serving on" in (tmp_path / "worker.log").read_text()
+
+
+def training_rows(programs: int, seed: int) -> tuple[list[TraceRow], list[OutcomeRow]]:
+    """A seeded toy history: two stages per program on one of two models; the big model succeeds more."""
+    rng = random.Random(seed)
+    traces, outcomes = [], []
+    for p in range(programs):
+        model, workflow = rng.choice(["small", "big"]), rng.choice(["code", "math"])
+        for stage in range(2):
+            traces.append(
+                replace(
+                    ROW,
+                    request_id=f"r{seed}-{p}-{stage}",
+                    program_id=f"p{seed}-{p}",
+                    workflow=workflow,
+                    stage=stage,
+                    model=model,
+                    engine=model,
+                    user_text=f"task {p} about {workflow}",
+                    completion_tokens=rng.randint(20, 400),
+                    enqueued_unix=float(p * 10 + stage),
+                )  # fmt: skip
+            )
+        won = rng.random() < (0.8 if model == "big" else 0.4)
+        outcomes.append(OutcomeRow(f"p{seed}-{p}", workflow, model, model, float(won)))
+    return traces, outcomes
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("kind", ["router", "predictor"])
+def test_retrain_publishes_once_per_set_of_rows(
+    kind: str, settings: JobsSettings, keys: Keys, sync_redis: redis.Redis, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.setenv(f"CHIMERA_{kind.upper()}_ARTIFACT_DIR", str(tmp_path / "artifacts"))
+    app = make_app(replace_settings(settings, retrain_min_rows=20), eager=True)
+    task = app.tasks[RETRAIN_ROUTER if kind == "router" else RETRAIN_PREDICTOR]
+    assert task.acks_late is True
+    assert task.delay().get(timeout=60)["skipped"].startswith("0 ")  # nothing exported yet
+    traces, outcomes = training_rows(60, seed=1)
+    add_traces(sync_redis, keys, "e0", traces)
+    for o in outcomes:
+        sync_redis.xadd(keys.outcomes(), {"row": o.to_json()})
+    first = task.delay().get(timeout=120)  # exports the streams first, then trains on the files
+    assert first["version"] and first["skipped"] is None, first
+    assert artifacts.current_version(tmp_path / "artifacts" / kind) == first["version"]
+    again = task.delay().get(timeout=120)
+    assert again["version"] is None and first["version"] in again["skipped"]
+    more, more_outcomes = training_rows(10, seed=2)
+    add_traces(sync_redis, keys, "e0", more)
+    for o in more_outcomes:
+        sync_redis.xadd(keys.outcomes(), {"row": o.to_json()})
+    third = task.delay().get(timeout=120)
+    assert third["version"] not in (None, first["version"])
+    assert len(artifacts.versions(tmp_path / "artifacts" / kind)) == 2
+
+
+@pytest.mark.redis
+def test_profile_job_measures_a_simulated_engine_and_publishes_it(
+    settings: JobsSettings, keys: Keys, sync_redis: redis.Redis
+) -> None:
+    app = make_app(settings, eager=True)
+    task = app.tasks[PROFILE_ENGINE]
+    assert not task.acks_late
+    worker = {"engine_id": "e9", "model": "sim", "engine_kind": "simulated", "max_num_seqs": 4,
+              "time_scale": 200.0}  # fmt: skip
+    got = task.delay(worker, tokens=8, rounds=1, batch_sizes=[1, 2, 4]).get(timeout=60)
+    stored = EngineProfile.from_json(sync_redis.hget(keys.profile("e9"), "json") or "")
+    assert [b for b, _ in stored.step_ms] == [1, 2, 4]
+    assert stored.decode_ms_per_token > 0 and 1 <= stored.max_batch_size <= 4
+    assert got["max_batch_size"] == stored.max_batch_size
+
+
+def replace_settings(s: JobsSettings, **changes: Any) -> JobsSettings:
+    return JobsSettings(**{**s.model_dump(), **changes})

@@ -6,17 +6,12 @@ importing the task code or its heavy dependencies.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
-import redis
 from celery import Celery
 
-from services.common.keys import Keys
 from services.jobs.config import JobsSettings
-from services.jobs.export import export_traces
-
-EXPORT_TRACES = "chimera.jobs.export_traces"
+from services.jobs.tasks import EXPORT_TRACES, register
 
 
 def make_app(settings: JobsSettings, *, eager: bool = False) -> Celery:
@@ -43,7 +38,7 @@ def make_app(settings: JobsSettings, *, eager: bool = False) -> Celery:
         task_acks_late=False,  # per task, and only where the task is idempotent
         beat_schedule=_schedule(settings),
     )
-    _register(app, settings)
+    register(app, settings)
     return app
 
 
@@ -51,18 +46,3 @@ def _schedule(settings: JobsSettings) -> dict[str, dict[str, Any]]:
     if settings.export_interval_s <= 0:
         return {}
     return {"export-traces": {"task": EXPORT_TRACES, "schedule": settings.export_interval_s}}
-
-
-def _register(app: Celery, settings: JobsSettings) -> None:
-    keys = Keys(settings.key_prefix)
-
-    # Idempotent (cursor + lease, see services.jobs.export): safe to redeliver after a lost worker.
-    # shared=False: a shared task is added to every Celery app created later in the process, so a second
-    # app (another test, other settings) would silently run the first app's closure.
-    @app.task(name=EXPORT_TRACES, acks_late=True, shared=False)  # type: ignore[untyped-decorator]
-    def export_traces_task() -> dict[str, Any]:
-        with redis.Redis.from_url(settings.redis_url, decode_responses=True) as r:
-            report = export_traces(
-                r, keys, settings.traces_dir, settings.export_batch, settings.export_lock_s
-            )
-        return {"busy": report.busy, "rows": report.rows, "streams": [asdict(s) for s in report.streams]}

@@ -51,6 +51,21 @@ class JobsSettings(CommonSettings):
     beat: bool = Field(
         True, description="run the periodic scheduler inside this worker (run exactly one such worker)"
     )
+    retrain_min_rows: int = Field(
+        50, ge=1, description="fewest exported rows (router: outcomes, predictor: traces) worth a retrain"
+    )
+    retrain_lock_s: float = Field(
+        3600.0, gt=0, le=86_400, description="lease of a retrain; longer than one training run"
+    )
+    router_backend: str | None = Field(
+        None, min_length=1, description="router backend to retrain (None: the training code's default)"
+    )
+    predictor_backend: str | None = Field(
+        None, min_length=1, description="predictor backend to retrain (None: the training code's default)"
+    )
+    profiles_dir: Path | None = Field(
+        None, description="also write each measured profile as <engine>.json here (None: Redis only)"
+    )
     state_dir: Path = Field(Path(".chimera/jobs"), description="worker-local state (the beat schedule file)")
     result_expires_s: int = Field(86_400, ge=60, description="how long task results are kept")
 

@@ -67,8 +67,8 @@ def outcome_file(traces_dir: Path) -> Path:
     return traces_dir / "outcomes.jsonl"
 
 
-class ExportBusy(Exception):
-    """Another export holds the lease."""
+class Busy(Exception):
+    """Another run holds the lease."""
 
 
 class LeaseLost(Exception):
@@ -113,14 +113,15 @@ def _outcome_line(raw: dict[str, str]) -> str:
 
 
 @contextmanager
-def _lease(r: redis.Redis, keys: Keys, lease_ms: int) -> Iterator[str]:
+def lease(r: redis.Redis, key: str, lease_ms: int) -> Iterator[str]:
+    """Hold the lease ``key`` (a random token with PX ``lease_ms``) for the block, or raise ``Busy``."""
     token = secrets.token_hex(16)
-    if not r.set(lock_key(keys), token, nx=True, px=lease_ms):
-        raise ExportBusy
+    if not r.set(key, token, nx=True, px=lease_ms):
+        raise Busy(key)
     try:
         yield token
     finally:
-        r.eval(_RELEASE, 1, lock_key(keys), token)
+        r.eval(_RELEASE, 1, key, token)
 
 
 def _read_cursor(r: redis.Redis, keys: Keys, stream: str) -> tuple[str, int | None]:
@@ -209,7 +210,7 @@ def export_traces(r: redis.Redis, keys: Keys, traces_dir: Path, batch: int, leas
     lease_ms = int(lease_s * 1000)
     engines = sorted(str(e) for e in r.smembers(keys.engines()))
     try:
-        with _lease(r, keys, lease_ms) as token:
+        with lease(r, lock_key(keys), lease_ms) as token:
             done = [
                 export_stream(
                     r, keys, token, keys.traces(e), trace_file(traces_dir, e), _trace_line, batch, lease_ms
@@ -221,7 +222,7 @@ def export_traces(r: redis.Redis, keys: Keys, traces_dir: Path, batch: int, leas
                     r, keys, token, keys.outcomes(), outcome_file(traces_dir), _outcome_line, batch, lease_ms
                 )
             )
-    except ExportBusy:
+    except Busy:
         log.info("another trace export is running; skipping")
         return ExportReport(busy=True)
     report = ExportReport(streams=tuple(done))
