@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -76,17 +77,22 @@ class BatchStat:
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(loader: Loader, kind_dir: Path, version: str) -> None:
+def _init_worker(loader: Loader, fn: BatchFn[Any, Any], kind_dir: Path, version: str) -> None:
+    # ``fn`` arrives here (not with every batch) so that its module is imported while the pool warms up.
+    _WORKER["fn"] = fn
     _WORKER["model"] = loader(kind_dir, version)
     _WORKER["version"] = version
 
 
-def _ping() -> str:
-    return str(_WORKER["version"])
+def _ping(hold_s: float) -> tuple[str, int]:
+    # Holding the worker briefly lets concurrent pings reach the other workers instead of all landing on
+    # the first one that is ready.
+    time.sleep(hold_s)
+    return str(_WORKER["version"]), os.getpid()
 
 
-def _run_batch(fn: BatchFn[Any, Any], items: list[Any]) -> list[Any]:
-    return fn(_WORKER["model"], items)
+def _run_batch(items: list[Any]) -> list[Any]:
+    return _WORKER["fn"](_WORKER["model"], items)  # type: ignore[no-any-return]
 
 
 @dataclass(eq=False)
@@ -235,16 +241,24 @@ class BatchCollector(Generic[I, R]):
             max_workers=self._opt.pool_workers,
             mp_context=multiprocessing.get_context(self._opt.mp_start_method),
             initializer=_init_worker,
-            initargs=(self._opt.loader, self._dir, version),
+            initargs=(self._opt.loader, self._fn, self._dir, version),
         )
         try:
             loop = asyncio.get_running_loop()
-            # One ping per worker, submitted together, makes the executor start every worker now, so the
-            # new version is fully loaded before it takes traffic.
-            pings = [loop.run_in_executor(executor, _ping) for _ in range(self._opt.pool_workers)]
-            loaded = await asyncio.wait_for(asyncio.gather(*pings), timeout=self._opt.load_timeout_s)
-            if set(loaded) != {version}:
-                raise RuntimeError(f"workers loaded {sorted(set(loaded))}, expected {version}")
+
+            # Rounds of concurrent pings until every worker answered: each has loaded the version before
+            # the pool takes traffic, and a version that fails to load is rejected here.
+            async def warm() -> None:
+                pids: set[int] = set()
+                while len(pids) < self._opt.pool_workers:
+                    n = self._opt.pool_workers
+                    pings = [loop.run_in_executor(executor, _ping, 0.05 if n > 1 else 0.0) for _ in range(n)]
+                    for loaded, pid in await asyncio.gather(*pings):
+                        if loaded != version:
+                            raise RuntimeError(f"worker loaded {loaded}, expected {version}")
+                        pids.add(pid)
+
+            await asyncio.wait_for(warm(), timeout=self._opt.load_timeout_s)
         except BaseException:
             executor.shutdown(wait=False, cancel_futures=True)
             raise
@@ -312,7 +326,7 @@ class BatchCollector(Generic[I, R]):
         ok = False
         try:
             loop = asyncio.get_running_loop()
-            results = await loop.run_in_executor(pool.executor, _run_batch, self._fn, items)
+            results = await loop.run_in_executor(pool.executor, _run_batch, items)
             if len(results) != len(items):
                 raise BatchShapeError(f"{len(results)} results for {len(items)} items")
             ok = True
