@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from vllm_fixtures import tiny_model  # noqa: F401  (session fixture)
 
 from services.common.types import ChatMessage, SamplingParams, StageRequest
 from services.worker.engine.base import EngineDeadError, EngineOutput
 from services.worker.engine.vllm_engine import PromptTooLongError, VllmEngine, VllmEngineConfig
-from vllm_fixtures import tiny_model  # noqa: F401  (session fixture)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)]
 

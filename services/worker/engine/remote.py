@@ -1,0 +1,201 @@
+"""An engine that is an existing OpenAI-compatible server (``vllm serve`` or its api_server module).
+
+NOTE(remote): each request is one streamed chat completion with ``stream_options.include_usage`` so the
+final token counts are the server's own. ``priority`` is vLLM's extra request field; the server must run with
+``--scheduling-policy priority`` (vLLM rejects a non-zero priority otherwise), or set ``send_priority=False``.
+Abort closes the HTTP stream, which vLLM turns into an engine-side abort of that request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from services.common.types import EngineProfile, StageRequest
+from services.worker.engine.base import EngineDeadError, EngineOutput
+
+log = logging.getLogger(__name__)
+
+# Connection-level failures mean the server is gone, not that this request was bad.
+_DEAD = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+class RemoteRequestError(RuntimeError):
+    """The server refused or failed one request (HTTP 4xx/5xx); the engine itself is still up."""
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteEngineConfig:
+    base_url: str  # e.g. http://10.0.0.5:8000 (no /v1)
+    model: str = ""  # the served model name; empty: the first model the server lists
+    max_num_seqs: int = 16  # the server's --max-num-seqs: what the worker admits at most
+    api_key: str = ""
+    send_priority: bool = True
+    connect_timeout_s: float = 5.0
+    # Longest silence between two streamed chunks before the request is treated as failed.
+    read_timeout_s: float = 120.0
+    start_timeout_s: float = 60.0
+
+
+@dataclass
+class _Stream:
+    queue: asyncio.Queue[EngineOutput | BaseException] = field(default_factory=asyncio.Queue)
+    task: asyncio.Task[None] | None = None
+    cancelled: bool = False
+    deltas: int = 0
+
+
+def chat_body(request: StageRequest, model: str, priority: int, send_priority: bool) -> dict[str, Any]:
+    """The JSON body of one streamed chat completion for ``request``."""
+    s = request.sampling
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+        "max_tokens": s.max_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if s.seed is not None:
+        body["seed"] = s.seed
+    if s.stop:
+        body["stop"] = list(s.stop)
+    if send_priority:
+        body["priority"] = priority
+    return body
+
+
+class RemoteEngine:
+    """The Engine protocol over an OpenAI-compatible HTTP server."""
+
+    def __init__(self, cfg: RemoteEngineConfig) -> None:
+        self.cfg = cfg
+        self.model = cfg.model
+        self.max_num_seqs = cfg.max_num_seqs
+        self._client: httpx.AsyncClient | None = None
+        self._streams: dict[str, _Stream] = {}
+
+    async def start(self) -> None:
+        """Connect and wait (bounded) for the server's /health, then learn the model name if not given."""
+        headers = {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
+        self._client = httpx.AsyncClient(
+            base_url=self.cfg.base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(self.cfg.read_timeout_s, connect=self.cfg.connect_timeout_s),
+            limits=httpx.Limits(max_connections=self.max_num_seqs + 8),
+        )
+        deadline = time.monotonic() + self.cfg.start_timeout_s
+        while True:
+            try:
+                if (await self._client.get("/health")).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise EngineDeadError(f"no healthy server at {self.cfg.base_url}")
+            await asyncio.sleep(0.5)
+        if not self.model:
+            models = (await self._client.get("/v1/models")).json()["data"]
+            self.model = str(models[0]["id"])
+        log.info("remote engine %s at %s ready", self.model, self.cfg.base_url)
+
+    async def stop(self) -> None:
+        for key in list(self._streams):
+            await self.abort(key)
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def _read(self, key: str, body: dict[str, Any], st: _Stream) -> None:
+        """Stream one completion into ``st.queue``; ends with a final output or an exception."""
+        assert self._client is not None
+        text_reason: str | None = None
+        usage: dict[str, Any] = {}
+        try:
+            async with self._client.stream("POST", "/v1/chat/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    detail = (await resp.aread()).decode(errors="replace")[:500]
+                    raise RemoteRequestError(f"HTTP {resp.status_code} for {key}: {detail}")
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    data = line[6:]
+                    if data.strip() == "[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    usage = chunk.get("usage") or usage
+                    for choice in chunk.get("choices") or ():
+                        delta = (choice.get("delta") or {}).get("content") or ""
+                        if delta:
+                            st.deltas += 1
+                            st.queue.put_nowait(EngineOutput(delta))
+                        text_reason = choice.get("finish_reason") or text_reason
+            st.queue.put_nowait(
+                EngineOutput(
+                    "",
+                    finished=True,
+                    finish_reason="length" if text_reason == "length" else "stop",
+                    prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                    completion_tokens=int(usage.get("completion_tokens", 0)),
+                )
+            )
+        except asyncio.CancelledError:
+            raise
+        except _DEAD as e:
+            st.queue.put_nowait(EngineDeadError(f"remote engine {self.cfg.base_url} failed: {e!r}"))
+        except Exception as e:  # handed to the consumer, which re-raises it in its own task
+            st.queue.put_nowait(e)
+
+    async def generate(self, request: StageRequest, key: str, priority: int) -> AsyncIterator[EngineOutput]:
+        if self._client is None:
+            raise RuntimeError("RemoteEngine.start() was not called")
+        st = _Stream()
+        self._streams[key] = st
+        body = chat_body(request, self.model, priority, self.cfg.send_priority)
+        st.task = asyncio.create_task(self._read(key, body, st), name=f"remote-{key}")
+        try:
+            while True:
+                item = await st.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.finished:
+                    # Free the slot before the final yield: a consumer may stop iterating right after it.
+                    self._streams.pop(key, None)
+                    yield item
+                    return
+                yield item
+        finally:
+            self._streams.pop(key, None)
+            if not st.task.done():
+                st.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await st.task
+
+    async def abort(self, key: str) -> None:
+        """Close ``key``'s stream (the server aborts it); generate() then yields a final "cancelled"."""
+        st = self._streams.get(key)
+        if st is None or st.cancelled or st.task is None:
+            return
+        st.cancelled = True
+        st.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await st.task
+        # The server's counts died with the stream: completion_tokens is the deltas seen, a lower bound.
+        st.queue.put_nowait(
+            EngineOutput("", finished=True, finish_reason="cancelled", completion_tokens=st.deltas)
+        )
+
+    def running(self) -> int:
+        return len(self._streams)
+
+    def profile(self) -> EngineProfile | None:
+        return None

