@@ -1,9 +1,5 @@
-"""The real dispatcher gRPC server, in process, against fake router/predictor gRPC servers and a fake worker.
-
-The fakes are named as fakes: ``FakeRouterServicer`` and ``FakePredictorServicer`` answer the real protos
-on real ports; ``fake_worker`` drives the real QueueStore the way a worker does (claim, deltas, complete,
-renew/cancel), but produces canned text instead of running an engine.
-"""
+"""The real dispatcher gRPC server, in process, against fake router/predictor gRPC servers and a fake worker
+(the fakes live in ``dispatcher_fakes``)."""
 
 from __future__ import annotations
 
@@ -16,68 +12,17 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
+from dispatcher_fakes import dispatcher_server, fake_dependencies, fake_workers, register_engines
 from redis.asyncio import Redis
 
 from chimera.dispatcher.v1 import dispatcher_pb2 as pb
 from chimera.dispatcher.v1 import dispatcher_pb2_grpc
-from chimera.predictor.v1 import predictor_pb2, predictor_pb2_grpc
-from chimera.router.v1 import router_pb2, router_pb2_grpc
 from services.common.keys import Keys
 from services.common.queue import QueueStore
 from services.common.redis_proc import PrivateRedis
-from services.common.types import ClaimedRequest, StageResult
-from services.dispatcher.clients import PredictorClient, RouterClient
 from services.dispatcher.config import DispatcherSettings
-from services.dispatcher.dispatch import Dispatcher
-from services.dispatcher.server import DispatcherServer
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
-
-ENGINES = {"e0": ("m-small", 5.0, 16), "e1": ("m-big", 20.0, 8)}
-CONFIDENCE = {"m-small": 0.2, "m-big": 0.9}
-PREDICTED = (40.0, 80.0)
-
-
-class FakeRouterServicer(router_pb2_grpc.RouterServicer):  # type: ignore[misc]
-    async def Score(self, request: router_pb2.ScoreRequest, context: grpc.aio.ServicerContext) -> object:  # noqa: N802
-        if any("fail-router" in i.text for i in request.items):
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "fake router is down")
-        conf = {m: CONFIDENCE.get(m, 0.0) for m in request.models}
-        return router_pb2.ScoreResponse(
-            scores=[router_pb2.ModelScores(confidence=conf) for _ in request.items]
-        )
-
-
-class FakePredictorServicer(predictor_pb2_grpc.PredictorServicer):  # type: ignore[misc]
-    async def Predict(  # noqa: N802
-        self, request: predictor_pb2.PredictRequest, context: grpc.aio.ServicerContext
-    ) -> object:
-        if any("fail-predictor" in r.prompt_text for r in request.rows):
-            await context.abort(grpc.StatusCode.INTERNAL, "fake predictor broke")
-        return predictor_pb2.PredictResponse(
-            predictions=[predictor_pb2.Quantiles(values=list(PREDICTED)) for _ in request.rows],
-            quantiles=list(request.quantiles),
-        )
-
-
-async def fake_worker(store: QueueStore, engine: str, stop: asyncio.Event) -> None:
-    """Answers "Hello" in two deltas; holds requests whose task says "hold" until they are cancelled."""
-    held: dict[str, ClaimedRequest] = {}
-    while not stop.is_set():
-        for c in await store.claim(engine, "fake-worker", 8, lease_s=10):
-            if "hold" in c.request.user_text():
-                held[c.request.request_id] = c
-                continue
-            for part in ("Hel", "lo"):
-                await store.publish_delta(engine, c.request.request_id, c.attempt, part)
-            await store.complete(c, StageResult("Hello", "stop", 7, 2), None)
-        if held:
-            renewed = await store.renew(engine, {rid: c.attempt for rid, c in held.items()}, 10)
-            for rid in renewed.cancelled:
-                await store.complete(held.pop(rid), StageResult("", "cancelled", 7, 0), None)
-            for rid in renewed.lost:
-                held.pop(rid, None)
-        await asyncio.sleep(0.02)
 
 
 @dataclass
@@ -89,76 +34,23 @@ class Stack:
     settings: DispatcherSettings
 
 
-async def _register(r: Redis, keys: Keys, heartbeat_ms: int | None = None) -> None:
-    hb = int(time.time() * 1000) if heartbeat_ms is None else heartbeat_ms
-    for eid, (model, ms, batch) in ENGINES.items():
-        await r.sadd(keys.engines(), eid)
-        await r.hset(
-            keys.engine_info(eid),
-            mapping={"model": model, "decode_ms_per_token": ms, "max_batch_size": batch, "heartbeat_ms": hb},
-        )
-
-
-@contextlib.asynccontextmanager
-async def _fake_server(add: object, servicer: object) -> AsyncIterator[str]:
-    server = grpc.aio.server()
-    add(servicer, server)  # type: ignore[operator]
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await server.stop(0)
-
-
 @contextlib.asynccontextmanager
 async def _dispatcher(settings: DispatcherSettings, redis: Redis, keys: Keys) -> AsyncIterator[str]:
-    async with (
-        grpc.aio.insecure_channel(settings.router_addr) as rc,
-        grpc.aio.insecure_channel(settings.predictor_addr) as pc,
-    ):
-        d = Dispatcher(
-            QueueStore(redis, keys),
-            redis,
-            RouterClient(rc, settings.router_timeout_s),
-            PredictorClient(pc, settings.predictor_timeout_s),
-            settings,
-        )
-        server = DispatcherServer(d, redis)
-        port = await server.start()
-        try:
-            yield f"127.0.0.1:{port}"
-        finally:
-            await server.stop()
+    async with dispatcher_server(settings, redis, keys) as server:
+        yield f"127.0.0.1:{server.port}"
 
 
 @pytest.fixture
 async def stack(private_redis: PrivateRedis, keys: Keys, redis_client: Redis) -> AsyncIterator[Stack]:
-    await _register(redis_client, keys)
+    await register_engines(redis_client, keys)
     store = QueueStore(redis_client, keys)
-    stop = asyncio.Event()
-    workers = [asyncio.create_task(fake_worker(store, e, stop)) for e in ENGINES]
     async with (
-        _fake_server(router_pb2_grpc.add_RouterServicer_to_server, FakeRouterServicer()) as router_addr,
-        _fake_server(
-            predictor_pb2_grpc.add_PredictorServicer_to_server, FakePredictorServicer()
-        ) as pred_addr,
+        fake_workers(store),
+        fake_dependencies(private_redis, keys) as settings,
+        _dispatcher(settings, redis_client, keys) as addr,
+        grpc.aio.insecure_channel(addr) as ch,
     ):
-        settings = DispatcherSettings(
-            redis_url=private_redis.url,
-            key_prefix=keys.prefix,
-            port=0,
-            router_addr=router_addr,
-            predictor_addr=pred_addr,
-            max_tokens_limit=512,
-            max_prompt_chars=2000,
-            stream_block_ms=100,
-            reaper_interval_s=0.5,
-        )
-        async with _dispatcher(settings, redis_client, keys) as addr, grpc.aio.insecure_channel(addr) as ch:
-            yield Stack(dispatcher_pb2_grpc.DispatcherStub(ch), redis_client, keys, store, settings)
-    stop.set()
-    await asyncio.gather(*workers)
+        yield Stack(dispatcher_pb2_grpc.DispatcherStub(ch), redis_client, keys, store, settings)
 
 
 def _gen(
@@ -308,7 +200,7 @@ async def test_backwards_stage_and_duplicate_id_change_nothing(stack: Stack) -> 
 
 
 async def test_no_live_engine_is_unavailable(stack: Stack) -> None:
-    await _register(stack.redis, stack.keys, heartbeat_ms=int((time.time() - 3600) * 1000))
+    await register_engines(stack.redis, stack.keys, heartbeat_ms=int((time.time() - 3600) * 1000))
     assert await _code(stack.stub, _gen(program="p-dead", request_id="r-dead")) == grpc.StatusCode.UNAVAILABLE
     assert await _state_keys(stack.redis, stack.keys) == set()
 

@@ -13,6 +13,7 @@ from services.common.queue import QueueStore
 from services.dispatcher.clients import PredictorClient, RouterClient
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.dispatch import Dispatcher
+from services.dispatcher.http_api import build_http_server
 from services.dispatcher.server import DispatcherServer, run
 
 
@@ -25,7 +26,7 @@ async def _main(s: DispatcherSettings) -> None:
         router, predictor = RouterClient(rc, s.router_timeout_s), PredictorClient(pc, s.predictor_timeout_s)
         dispatcher = Dispatcher(QueueStore(redis, Keys(s.key_prefix)), redis, router, predictor, s)
         try:
-            await run(DispatcherServer(dispatcher, redis))
+            await run(DispatcherServer(dispatcher, redis), build_http_server(dispatcher))
         finally:
             await redis.aclose()
 

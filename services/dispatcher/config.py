@@ -14,6 +14,12 @@ class DispatcherSettings(CommonSettings):
 
     host: str = Field(default="127.0.0.1", min_length=1, description="interface the gRPC server binds")
     port: int = Field(default=50051, ge=0, le=65535, description="gRPC port; 0 picks a free one")
+    http_host: str = Field(
+        default="", description="interface the OpenAI-compatible HTTP server binds; empty means host"
+    )
+    http_port: int = Field(
+        default=8000, ge=0, le=65535, description="OpenAI-compatible HTTP port; 0 picks one"
+    )
     router_addr: str = Field(default="127.0.0.1:50061", min_length=3, description="router service host:port")
     predictor_addr: str = Field(
         default="127.0.0.1:50062", min_length=3, description="predictor service host:port"

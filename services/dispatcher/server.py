@@ -10,6 +10,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -177,13 +178,24 @@ class DispatcherServer:
                 await self._reaper
 
 
-async def run(server: DispatcherServer) -> None:
-    """Serve until SIGTERM or SIGINT, then drain gracefully."""
+class FrontDoor(Protocol):
+    async def start(self) -> int: ...
+
+    async def stop(self) -> None: ...
+
+
+async def run(server: DispatcherServer, *others: FrontDoor) -> None:
+    """Serve until SIGTERM or SIGINT, then drain gracefully.
+
+    ``others`` (the HTTP front door) start first, so that health turns SERVING only once every door is open.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    for door in others:
+        await door.start()
     await server.start()
     await stop.wait()
     log.info("stopping")
-    await server.stop()
+    await asyncio.gather(server.stop(), *(door.stop() for door in others))

@@ -1,0 +1,378 @@
+"""OpenAI-compatible HTTP front door, served by uvicorn in the dispatcher's own asyncio loop.
+
+It shares the one ``Dispatcher`` with the gRPC server, so both doors see the same queues and programs.
+
+NOTE(identity): a workflow is named by headers (``X-Chimera-Program-Id``, ``X-Chimera-Stage``,
+``X-Chimera-Workflow``) or by the same names in the request's ``metadata`` (``program_id``, ``stage``,
+``workflow``); headers win. A request without a program id is a one-stage workflow: it gets a fresh program
+id and its program is ended as soon as it finishes, so nothing lingers in the program table. A request with
+a program id but no stage is the program's next stage (its last stage + 1, or 0 for a new program), which
+lets a framework that can only set one header still run a multi-stage workflow.
+
+NOTE(retries): when a worker dies mid-stream, the request is re-run and its deltas restart at a higher
+attempt. SSE cannot take text back, so the stream keeps forwarding only the first attempt's deltas and, at
+the end, sends whatever the final answer adds beyond the text already sent; if the re-run diverged from
+what was sent, the stream ends with an error event instead of a silently spliced answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Generator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from services.common.types import ChatMessage, SamplingParams, StageRequest
+from services.dispatcher.dispatch import Dispatched, Dispatcher
+from services.dispatcher.errors import DispatchError, InvalidRequest, StoreUnavailable
+from services.dispatcher.openai_schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    Kind,
+    chunk_body,
+    completion_body,
+    domain_error,
+    error_body,
+)
+from services.dispatcher.stream import Delta, Final, stream_output
+
+log = logging.getLogger(__name__)
+
+H_PROGRAM, H_STAGE, H_WORKFLOW = "x-chimera-program-id", "x-chimera-stage", "x-chimera-workflow"
+H_REQUEST, H_TIMEOUT = "x-chimera-request-id", "x-chimera-timeout-ms"
+DEFAULT_WORKFLOW = "default"
+_DISCONNECT_POLL_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who a request belongs to. ``stage`` None means "the program's next stage"."""
+
+    program_id: str
+    stage: int | None
+    workflow: str
+    one_shot: bool
+    request_id: str
+    timeout_ms: int
+
+
+def _int(name: str, raw: str | None, default: int | None) -> int | None:
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidRequest(f"{name} must be an integer, got {raw!r}") from None
+    if value < 0:
+        raise InvalidRequest(f"{name} must be >= 0")
+    return value
+
+
+def resolve_identity(headers: Mapping[str, str], metadata: Mapping[str, str] | None) -> Identity:
+    """Workflow identity from headers, else metadata, else a fresh one-stage workflow (pure)."""
+    meta = metadata or {}
+
+    def pick(header: str, key: str) -> str | None:
+        value = headers.get(header)
+        return value if value is not None else meta.get(key)
+
+    program = (pick(H_PROGRAM, "program_id") or "").strip()
+    one_shot = not program
+    return Identity(
+        program_id=program or f"http-{uuid.uuid4().hex}",
+        stage=0 if one_shot else _int("stage", pick(H_STAGE, "stage"), None),
+        workflow=(pick(H_WORKFLOW, "workflow") or "").strip() or DEFAULT_WORKFLOW,
+        one_shot=one_shot,
+        request_id=(pick(H_REQUEST, "request_id") or "").strip() or uuid.uuid4().hex,
+        timeout_ms=_int("timeout_ms", pick(H_TIMEOUT, "timeout_ms"), 0) or 0,
+    )
+
+
+def chat_messages(body: ChatCompletionRequest) -> tuple[ChatMessage, ...]:
+    out = []
+    for i, m in enumerate(body.messages):
+        if m.content is None or isinstance(m.content, str):
+            text = m.content or ""
+        else:
+            if any(p.type != "text" for p in m.content):
+                raise InvalidRequest(f"messages[{i}].content: only text parts are supported")
+            text = "".join(p.text or "" for p in m.content)
+        # "developer" is OpenAI's newer name for the system role.
+        out.append(ChatMessage("system" if m.role == "developer" else m.role, text))
+    return tuple(out)
+
+
+def prompt_messages(body: CompletionRequest) -> tuple[ChatMessage, ...]:
+    if isinstance(body.prompt, list):
+        if len(body.prompt) != 1:
+            raise InvalidRequest("prompt: exactly one prompt per request is supported")
+        return (ChatMessage("user", body.prompt[0]),)
+    return (ChatMessage("user", body.prompt),)
+
+
+class OpenAIFrontDoor:
+    """Request handlers; ``app()`` wires them into a FastAPI application."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._d = dispatcher
+
+    def app(self) -> FastAPI:
+        app = FastAPI(title="Chimera (OpenAI-compatible)", docs_url=None, redoc_url=None)
+        app.add_api_route("/v1/chat/completions", self.chat, methods=["POST"], response_model=None)
+        app.add_api_route("/v1/completions", self.completions, methods=["POST"], response_model=None)
+        app.add_api_route("/v1/models", self.models, methods=["GET"])
+        app.add_api_route("/health", self.health, methods=["GET"])
+        app.add_exception_handler(DispatchError, _dispatch_error)
+        app.add_exception_handler(RequestValidationError, _validation_error)
+        app.add_exception_handler(StarletteHTTPException, _http_error)
+        app.add_exception_handler(Exception, _unexpected_error)
+        return app
+
+    async def health(self) -> dict[str, str]:
+        return {"status": "ok"}
+
+    async def models(self) -> dict[str, Any]:
+        names = sorted({e.model for e in await self._d.engines() if e.model})
+        data = [{"id": n, "object": "model", "created": 0, "owned_by": "chimera"} for n in ["auto", *names]]
+        return {"object": "list", "data": data}
+
+    async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
+        return await self._serve("chat", body, chat_messages(body), body.token_limit(), request)
+
+    async def completions(self, body: CompletionRequest, request: Request) -> Response:
+        return await self._serve("text", body, prompt_messages(body), body.token_limit(), request)
+
+    async def _serve(
+        self,
+        kind: Kind,
+        body: ChatCompletionRequest | CompletionRequest,
+        messages: tuple[ChatMessage, ...],
+        max_tokens: int | None,
+        request: Request,
+    ) -> Response:
+        ident = resolve_identity(request.headers, body.metadata)
+        stage = ident.stage if ident.stage is not None else await self._next_stage(ident.program_id)
+        s, now = self._d.settings, time.time()
+        req = StageRequest(
+            request_id=ident.request_id,
+            program_id=ident.program_id,
+            stage=stage,
+            workflow=ident.workflow,
+            messages=messages,
+            sampling=SamplingParams(
+                max_tokens=max_tokens or s.max_tokens_default,
+                temperature=body.temperature,
+                top_p=body.top_p,
+                seed=body.seed,
+                stop=body.stop_sequences(),
+            ),
+            model_pin=None if body.model.strip() in ("", "auto") else body.model.strip(),
+            deadline_unix=now + ident.timeout_ms / 1000.0 if ident.timeout_ms else None,
+            received_unix=now,
+        )
+        try:
+            dispatched = await self._d.dispatch(req)
+        except BaseException:
+            if ident.one_shot:
+                await self._end_quietly(ident.program_id)
+            raise
+        headers = {
+            "X-Chimera-Program-Id": ident.program_id,
+            "X-Chimera-Stage": str(stage),
+            "X-Chimera-Request-Id": req.request_id,
+            "X-Chimera-Engine": dispatched.engine,
+            "X-Chimera-Model": dispatched.model,
+        }
+        if body.stream:
+            events = self._sse(kind, dispatched, ident, body.include_usage())
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        try:
+            final = await self._final(dispatched, request)
+        finally:
+            if ident.one_shot:
+                await self._end_quietly(ident.program_id)
+        if final is None:
+            return Response(status_code=499)  # the caller is gone; nobody reads this
+        return JSONResponse(completion_body(kind, final, ident.program_id, stage), headers=headers)
+
+    async def _next_stage(self, program_id: str) -> int:
+        redis, keys = self._d.redis, self._d.store.keys
+        try:
+            last = await redis.hget(keys.program(program_id), "stage")
+        except (RedisConnectionError, RedisTimeoutError, OSError) as e:
+            raise StoreUnavailable(f"redis is unreachable: {e}") from e
+        return 0 if last is None else int(last) + 1
+
+    async def _final(self, d: Dispatched, request: Request) -> Final | None:
+        """The request's Final; None (and the request cancelled) if the HTTP caller disconnects first."""
+
+        async def last() -> Final:
+            async for item in stream_output(
+                self._d.store, self._d.redis, d, self._d.settings.stream_block_ms
+            ):
+                if isinstance(item, Final):
+                    return item
+            raise AssertionError("stream_output ends with a Final or raises")
+
+        task = asyncio.create_task(last())
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
+                if done:
+                    return task.result()
+                if await request.is_disconnected():
+                    log.info("HTTP caller of %s went away", d.request.request_id)
+                    return None
+        finally:
+            if not task.done():
+                task.cancel()  # stream_output cancels the request on its way out
+                with contextlib.suppress(asyncio.CancelledError, DispatchError):
+                    await task
+
+    async def _sse(
+        self, kind: Kind, d: Dispatched, ident: Identity, include_usage: bool
+    ) -> AsyncIterator[str]:
+        rid, model, created = d.request.request_id, d.model, int(time.time())
+        sent, first_attempt = "", 0
+        try:
+            if kind == "chat":
+                yield _sse(chunk_body(kind, rid, model, created, text="", role=True))
+            async for item in stream_output(
+                self._d.store, self._d.redis, d, self._d.settings.stream_block_ms
+            ):
+                if isinstance(item, Delta):
+                    first_attempt = first_attempt or item.attempt
+                    if item.attempt == first_attempt and item.text:
+                        sent += item.text
+                        yield _sse(chunk_body(kind, rid, model, created, text=item.text))
+                    continue
+                if not item.text.startswith(sent):
+                    log.warning("request %s was re-run and diverged from its streamed text", rid)
+                    yield _sse(
+                        error_body(
+                            "the request was re-run after a worker failure and its answer changed; retry",
+                            "server_error",
+                            "stream_restarted",
+                        )
+                    )
+                    return
+                rest = item.text[len(sent) :]
+                yield _sse(chunk_body(kind, rid, model, created, text=rest, finish_reason=item.finish_reason))
+                if include_usage:
+                    yield _sse(chunk_body(kind, rid, model, created, usage_of=item))
+            yield "data: [DONE]\n\n"
+        except DispatchError as e:
+            yield _sse(domain_error(e.code, str(e))[1])
+        finally:
+            if ident.one_shot:
+                await self._end_quietly(ident.program_id)
+
+    async def _end_quietly(self, program_id: str) -> None:
+        # May run while the handler is being cancelled: shield the call so the program is still ended.
+        try:
+            await asyncio.shield(self._d.end_program(program_id, None))
+        except (asyncio.CancelledError, DispatchError) as e:
+            log.warning("could not end one-stage program %s: %r", program_id, e)
+
+
+def _sse(body: Mapping[str, Any]) -> str:
+    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+
+def _error_response(status: int, body: dict[str, Any]) -> JSONResponse:
+    # Client errors will fail the same way again; tell OpenAI clients not to retry them.
+    retry = "true" if status in (503, 504) else "false"
+    return JSONResponse(body, status_code=status, headers={"x-should-retry": retry})
+
+
+async def _dispatch_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, DispatchError)
+    return _error_response(*domain_error(exc.code, str(exc)))
+
+
+async def _validation_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    message = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid request')}"
+    return _error_response(
+        400, error_body(message, "invalid_request_error", "invalid_argument", ".".join(loc))
+    )
+
+
+async def _http_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    return _error_response(exc.status_code, error_body(str(exc.detail), "invalid_request_error", None))
+
+
+async def _unexpected_error(_: Request, exc: Exception) -> Response:
+    log.error("HTTP call failed", exc_info=exc)
+    return _error_response(500, error_body("dispatcher error; see its log", "server_error", "internal"))
+
+
+class _EmbeddedUvicorn(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # The process's run() owns SIGTERM/SIGINT and stops both front doors together.
+        yield
+
+
+class HttpServer:
+    """uvicorn serving ``app`` on a socket bound up front (so port 0 reports the port it got)."""
+
+    def __init__(self, app: FastAPI, host: str, port: int, grace_s: float) -> None:
+        self._app, self._host, self._port, self._grace_s = app, host, port, grace_s
+        self._server: _EmbeddedUvicorn | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.port = 0
+
+    async def start(self, timeout_s: float = 10.0) -> int:
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self._host, self._port))
+        self.port = int(sock.getsockname()[1])
+        config = uvicorn.Config(
+            self._app,
+            log_config=None,
+            lifespan="off",
+            access_log=False,
+            timeout_graceful_shutdown=max(1, int(self._grace_s)),
+        )
+        self._server = _EmbeddedUvicorn(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http")
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if self._task.done() or time.monotonic() > deadline:
+                sock.close()
+                if self._task.done():
+                    self._task.result()  # re-raises why it stopped
+                raise RuntimeError(f"HTTP server did not start on {self._host}:{self.port}")
+            await asyncio.sleep(0.01)
+        log.info("OpenAI-compatible HTTP on http://%s:%d/v1", self._host, self.port)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._server is None or self._task is None:
+            return
+        self._server.should_exit = True
+        await self._task
+
+
+def build_http_server(dispatcher: Dispatcher) -> HttpServer:
+    s = dispatcher.settings
+    return HttpServer(OpenAIFrontDoor(dispatcher).app(), s.http_host or s.host, s.http_port, s.grace_s)

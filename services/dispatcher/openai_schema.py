@@ -1,0 +1,179 @@
+"""The OpenAI wire format the HTTP front door speaks: request models, response bodies, error bodies.
+
+Only what Chimera can honour is modelled; unknown fields are ignored (clients send many optional ones), but
+a field whose value Chimera would silently get wrong (``n`` > 1, non-text content) is refused.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.dispatcher.stream import Final
+
+# Domain error code (a gRPC status name) -> (HTTP status, OpenAI error type). One table, used everywhere.
+HTTP_ERRORS: Mapping[str, tuple[int, str]] = {
+    "INVALID_ARGUMENT": (400, "invalid_request_error"),
+    "RESOURCE_EXHAUSTED": (413, "invalid_request_error"),
+    "NOT_FOUND": (404, "invalid_request_error"),
+    "ALREADY_EXISTS": (409, "conflict_error"),
+    "FAILED_PRECONDITION": (409, "conflict_error"),
+    "UNAVAILABLE": (503, "service_unavailable_error"),
+    "DEADLINE_EXCEEDED": (504, "timeout_error"),
+    "CANCELLED": (499, "cancelled_error"),
+    "INTERNAL": (500, "server_error"),
+}
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class ContentPart(_Lenient):
+    type: str
+    text: str | None = None
+
+
+class ChatMessageIn(_Lenient):
+    role: str
+    content: str | list[ContentPart] | None = None
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class _GenerationRequest(_Lenient):
+    model: str = Field(min_length=1, description='"auto" lets Chimera choose; a model name pins it')
+    max_tokens: int | None = Field(default=None, ge=1)
+    # OpenAI's documented default; the gRPC API's default is 0 (greedy), a deliberate difference.
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = Field(default=None, ge=0, lt=2**64)
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1, le=1, description="one choice per request: a stage has one answer")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    metadata: dict[str, str] | None = None
+
+    def stop_sequences(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    messages: list[ChatMessageIn]
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_GenerationRequest):
+    prompt: str | list[str]
+
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+
+Kind = Literal["chat", "text"]
+
+
+def usage(f: Final) -> dict[str, int]:
+    return {
+        "prompt_tokens": f.prompt_tokens,
+        "completion_tokens": f.completion_tokens,
+        "total_tokens": f.prompt_tokens + f.completion_tokens,
+    }
+
+
+def chimera_info(f: Final, program_id: str, stage: int) -> dict[str, Any]:
+    """Chimera's own fields, added beside OpenAI's (clients keep unknown fields)."""
+    return {
+        "program_id": program_id,
+        "stage": stage,
+        "request_id": f.request_id,
+        "engine": f.engine,
+        "queue_wait_s": f.queue_wait_s,
+        "e2e_s": f.e2e_s,
+        "predicted_tokens": f.predicted_tokens,
+        "predicted_tokens_p90": f.predicted_tokens_p90,
+        "attempts": f.attempts,
+        "dispatch_ms": f.dispatch_ms,
+    }
+
+
+def completion_body(kind: Kind, f: Final, program_id: str, stage: int) -> dict[str, Any]:
+    """A whole (non-streamed) ``chat.completion`` or ``text_completion``."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": f.finish_reason, "logprobs": None}
+    if kind == "chat":
+        choice["message"] = {"role": "assistant", "content": f.text}
+    else:
+        choice["text"] = f.text
+    return {
+        "id": response_id(kind, f.request_id),
+        "object": "chat.completion" if kind == "chat" else "text_completion",
+        "created": int(time.time()),
+        "model": f.model,
+        "choices": [choice],
+        "usage": usage(f),
+        "chimera": chimera_info(f, program_id, stage),
+    }
+
+
+def response_id(kind: Kind, request_id: str) -> str:
+    return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{request_id}"
+
+
+def chunk_body(
+    kind: Kind,
+    request_id: str,
+    model: str,
+    created: int,
+    *,
+    text: str | None = None,
+    role: bool = False,
+    finish_reason: str | None = None,
+    usage_of: Final | None = None,
+) -> dict[str, Any]:
+    """One streamed chunk. ``usage_of`` makes it the final usage-only chunk (``choices`` empty)."""
+    body: dict[str, Any] = {
+        "id": response_id(kind, request_id),
+        "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+        "created": created,
+        "model": model,
+    }
+    if usage_of is not None:
+        body["choices"] = []
+        body["usage"] = usage(usage_of)
+        return body
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
+    if kind == "chat":
+        delta: dict[str, Any] = {}
+        if role:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        choice["delta"] = delta
+    else:
+        choice["text"] = text or ""
+    body["choices"] = [choice]
+    return body
+
+
+def error_body(message: str, err_type: str, code: str | None, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+
+
+def domain_error(code: str, message: str) -> tuple[int, dict[str, Any]]:
+    """HTTP status and body for a domain error code (a gRPC status name)."""
+    status, err_type = HTTP_ERRORS.get(code, HTTP_ERRORS["INTERNAL"])
+    param = "model" if code == "NOT_FOUND" else None
+    return status, error_body(message or code, err_type, code.lower(), param)

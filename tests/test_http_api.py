@@ -1,0 +1,243 @@
+"""The OpenAI-compatible HTTP front door, driven by the official ``openai`` client.
+
+The real dispatcher (HTTP and gRPC on free ports, one Dispatcher) runs in process against the fake router,
+predictor and workers of ``dispatcher_fakes``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from dispatcher_fakes import dispatcher_server, fake_dependencies, fake_workers, register_engines
+from redis.asyncio import Redis
+
+from services.common.keys import Keys
+from services.common.queue import QueueStore
+from services.common.redis_proc import PrivateRedis
+from services.dispatcher.http_api import HttpServer, OpenAIFrontDoor, resolve_identity
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
+
+MESSAGES: list[Any] = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "write a haiku"},
+]
+
+
+@dataclass
+class Http:
+    client: openai.AsyncOpenAI
+    base_url: str
+    redis: Redis
+    keys: Keys
+
+
+@pytest.fixture
+async def http(private_redis: PrivateRedis, keys: Keys, redis_client: Redis) -> AsyncIterator[Http]:
+    await register_engines(redis_client, keys)
+    async with (
+        fake_workers(QueueStore(redis_client, keys)),
+        fake_dependencies(private_redis, keys) as settings,
+        dispatcher_server(settings, redis_client, keys) as grpc_server,
+    ):
+        server = HttpServer(OpenAIFrontDoor(grpc_server.dispatcher).app(), "127.0.0.1", 0, 1.0)
+        port = await server.start()
+        base = f"http://127.0.0.1:{port}/v1"
+        client = openai.AsyncOpenAI(base_url=base, api_key="unused", max_retries=0, timeout=20)
+        try:
+            yield Http(client, base, redis_client, keys)
+        finally:
+            await client.close()
+            await server.stop()
+
+
+async def _request_fields(h: Http, request_id: str) -> tuple[str, dict[str, str]]:
+    """(engine, request hash) of a request, wherever it was queued."""
+    for engine in ("e0", "e1"):
+        fields = await h.redis.hgetall(h.keys.request(engine, request_id))
+        if fields:
+            return engine, {str(k): str(v) for k, v in fields.items()}
+    raise AssertionError(f"request {request_id} not found")
+
+
+async def _streamed(h: Http, headers: dict[str, str], **kw: Any) -> tuple[str, list[Any]]:
+    stream = await h.client.chat.completions.create(
+        model="auto", messages=MESSAGES, stream=True, extra_headers=headers, **kw
+    )
+    chunks = [c async for c in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return text, chunks
+
+
+async def test_three_stage_workflow_lands_on_one_model_with_one_program_id(http: Http) -> None:
+    ids, models = [], []
+    for stage in range(3):
+        headers = {
+            "X-Chimera-Program-Id": "wf-1",
+            "X-Chimera-Stage": str(stage),
+            "X-Chimera-Workflow": "code/planner-coder",
+            "X-Chimera-Request-Id": f"wf-1-s{stage}",
+        }
+        if stage == 1:
+            text, chunks = await _streamed(http, headers, stream_options={"include_usage": True})
+            assert text == "Hello"
+            # The usage chunk comes last, with no choices, after the chunk carrying finish_reason.
+            assert chunks[-1].choices == [] and chunks[-1].usage is not None
+            assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (7, 2)
+            assert chunks[-2].choices[0].finish_reason == "stop"
+            assert chunks[0].choices[0].delta.role == "assistant"
+            assert all(c.id == "chatcmpl-wf-1-s1" for c in chunks)
+            models.append(chunks[-1].model)
+        else:
+            raw = await http.client.chat.completions.with_raw_response.create(
+                model="auto", messages=MESSAGES, extra_headers=headers, max_tokens=32
+            )
+            assert raw.headers["x-chimera-program-id"] == "wf-1"
+            resp = raw.parse()
+            assert resp.choices[0].message.content == "Hello"
+            assert resp.usage is not None and resp.usage.total_tokens == 9
+            assert resp.model_extra is not None and resp.model_extra["chimera"]["stage"] == stage
+            models.append(resp.model)
+        ids.append(f"wf-1-s{stage}")
+    placed = [await _request_fields(http, rid) for rid in ids]
+    assert {engine for engine, _ in placed} == {"e1"} and set(models) == {"m-big"}
+    assert {f["program_id"] for _, f in placed} == {"wf-1"}
+    assert [json.loads(f["payload"])["stage"] for _, f in placed] == [0, 1, 2]
+    assert [json.loads(f["payload"])["workflow"] for _, f in placed] == ["code/planner-coder"] * 3
+    assert await http.redis.hget(http.keys.program("wf-1"), "stage") == "2"
+
+
+async def test_metadata_identity_without_stage_runs_the_next_stage(http: Http) -> None:
+    meta = {"program_id": "wf-meta", "workflow": "math/solver-verifier"}
+    for i in range(2):
+        resp = await http.client.chat.completions.create(
+            model="m-small", messages=MESSAGES, metadata={**meta, "request_id": f"m{i}"}
+        )
+        assert resp.model == "m-small"
+    stages = [json.loads((await _request_fields(http, f"m{i}"))[1]["payload"])["stage"] for i in range(2)]
+    assert stages == [0, 1]
+
+
+async def test_request_without_identity_is_a_one_stage_workflow(http: Http) -> None:
+    text, chunks = await _streamed(http, {})
+    assert text == "Hello" and chunks[-1].choices[0].finish_reason == "stop"
+    resp = await http.client.chat.completions.create(model="auto", messages=MESSAGES)
+    assert resp.model_extra is not None
+    program = resp.model_extra["chimera"]["program_id"]
+    assert program.startswith("http-") and resp.model_extra["chimera"]["stage"] == 0
+    # Both programs were ended once their one stage finished.
+    assert [k async for k in http.redis.scan_iter(match=http.keys.program_pattern())] == []
+
+
+async def test_legacy_completions_streamed_and_not(http: Http) -> None:
+    resp = await http.client.completions.create(model="auto", prompt="say hello", max_tokens=8)
+    assert (resp.choices[0].text, resp.object, resp.model) == ("Hello", "text_completion", "m-big")
+    stream = await http.client.completions.create(
+        model="auto", prompt="say hello", stream=True, stream_options={"include_usage": True}
+    )
+    chunks = [c async for c in stream]
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "Hello"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 2
+
+
+async def test_models_lists_auto_and_every_registered_model(http: Http) -> None:
+    page = await http.client.models.list()
+    assert [m.id for m in page.data] == ["auto", "m-big", "m-small"]
+
+
+async def _error(call: Any) -> openai.APIStatusError:
+    with pytest.raises(openai.APIStatusError) as err:
+        await call
+    return err.value
+
+
+async def test_errors_have_openai_shape_and_status(http: Http) -> None:
+    c = http.client
+    wizard: list[Any] = [{"role": "wizard", "content": "x"}]
+    bad_role = await _error(c.chat.completions.create(model="auto", messages=wizard))
+    assert (bad_role.status_code, bad_role.type, bad_role.code) == (
+        400,
+        "invalid_request_error",
+        "invalid_argument",
+    )
+    assert "role" in bad_role.message
+    unknown = await _error(c.chat.completions.create(model="m-huge", messages=MESSAGES))
+    assert (unknown.status_code, unknown.code, unknown.param) == (404, "not_found", "model")
+    two = await _error(c.chat.completions.create(model="auto", messages=MESSAGES, n=2))
+    assert (two.status_code, two.param) == (400, "n")
+    huge = await _error(c.completions.create(model="auto", prompt="x" * 2001))
+    assert (huge.status_code, huge.type) == (413, "invalid_request_error")
+    many = await _error(c.completions.create(model="auto", prompt="x", max_tokens=10_000))
+    assert many.status_code == 400 and "max_tokens" in many.message
+    headers = {"X-Chimera-Program-Id": "wf-err", "X-Chimera-Stage": "2", "X-Chimera-Request-Id": "dup"}
+    await c.chat.completions.create(model="auto", messages=MESSAGES, extra_headers=headers)
+    dup = await _error(c.chat.completions.create(model="auto", messages=MESSAGES, extra_headers=headers))
+    assert (dup.status_code, dup.type, dup.code) == (409, "conflict_error", "already_exists")
+    back = {**headers, "X-Chimera-Stage": "1", "X-Chimera-Request-Id": "back"}
+    backwards = await _error(c.chat.completions.create(model="auto", messages=MESSAGES, extra_headers=back))
+    assert (backwards.status_code, backwards.code) == (409, "failed_precondition")
+    bad_stage = {"X-Chimera-Program-Id": "wf-err", "X-Chimera-Stage": "two"}
+    stage = await _error(c.chat.completions.create(model="auto", messages=MESSAGES, extra_headers=bad_stage))
+    assert stage.status_code == 400 and "stage" in stage.message
+    # Nothing but the one good stage was written.
+    assert await http.redis.hget(http.keys.program("wf-err"), "request_id") == "dup"
+
+
+async def test_deadline_is_504_and_mid_stream_errors_reach_the_client(http: Http) -> None:
+    hold: list[Any] = [{"role": "user", "content": "hold this"}]
+    slow = await _error(
+        http.client.chat.completions.create(
+            model="auto",
+            messages=hold,
+            extra_headers={"X-Chimera-Timeout-Ms": "300"},
+        )
+    )
+    assert (slow.status_code, slow.type, slow.code) == (504, "timeout_error", "deadline_exceeded")
+    stream = await http.client.chat.completions.create(
+        model="auto",
+        messages=hold,
+        stream=True,
+        extra_headers={"X-Chimera-Timeout-Ms": "300"},
+    )
+    with pytest.raises(openai.APIError) as err:
+        _ = [c async for c in stream]
+    assert "deadline" in err.value.message
+    # Both held requests were cancelled, so the engine's load drained back to zero.
+    deadline = time.monotonic() + 10
+    while (
+        int(await http.redis.hget(http.keys.engine_info("e1"), "load") or 0) and time.monotonic() < deadline
+    ):
+        await asyncio.sleep(0.05)
+    assert int(await http.redis.hget(http.keys.engine_info("e1"), "load") or 0) == 0
+
+
+async def test_no_live_engine_is_503_and_malformed_json_is_400(http: Http) -> None:
+    await register_engines(http.redis, http.keys, heartbeat_ms=int((time.time() - 3600) * 1000))
+    down = await _error(http.client.chat.completions.create(model="auto", messages=MESSAGES))
+    assert (down.status_code, down.type) == (503, "service_unavailable_error")
+    async with httpx.AsyncClient(base_url=http.base_url) as raw:
+        resp = await raw.post(
+            "/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+        )
+        assert resp.status_code == 400 and set(resp.json()["error"]) == {"message", "type", "param", "code"}
+        resp = await raw.get("/no-such-route")
+        assert resp.status_code == 404 and "error" in resp.json()
+
+
+@pytest.mark.unit
+def test_identity_headers_win_over_metadata() -> None:
+    ident = resolve_identity(
+        {"x-chimera-program-id": "p-h"}, {"program_id": "p-m", "stage": "3", "workflow": "w"}
+    )
+    assert (ident.program_id, ident.stage, ident.workflow, ident.one_shot) == ("p-h", 3, "w", False)
+    fresh = resolve_identity({}, None)
+    assert fresh.one_shot and fresh.stage == 0 and fresh.workflow == "default"
+    assert resolve_identity({"x-chimera-program-id": "p"}, None).stage is None
