@@ -91,6 +91,11 @@ def _mean(per_model: dict[str, dict[str, float | None]], key: str) -> float | No
     return float(np.mean([v for v in vals if v is not None])) if vals else None
 
 
+def predictor_data_hash(traces: Sequence[TraceRow]) -> str:
+    """The ``data_hash`` a predictor artifact records for these rows (lets a retrain job skip a no-op)."""
+    return artifacts.data_hash(t.to_json() for t in traces)
+
+
 def train_predictor(
     traces: Sequence[TraceRow],
     out_dir: Path,
@@ -127,7 +132,7 @@ def train_predictor(
         model,
         kind=KIND,
         backend=model.name,
-        data_hash=artifacts.data_hash(t.to_json() for t in traces),
+        data_hash=predictor_data_hash(traces),
         rows=len(traces),
         models=model.models,
         metrics=metrics,

@@ -55,6 +55,11 @@ def macro_map(
     return float(np.mean(list(per_model.values()))), per_model
 
 
+def router_data_hash(traces: Sequence[TraceRow], outcomes: Sequence[OutcomeRow]) -> str:
+    """The ``data_hash`` a router artifact records for these rows (lets a retrain job skip a no-op)."""
+    return artifacts.data_hash([t.to_json() for t in traces] + [o.to_json() for o in outcomes])
+
+
 def train_router(
     traces: Sequence[TraceRow],
     outcomes: Sequence[OutcomeRow],
@@ -88,13 +93,12 @@ def train_router(
         "macro_map_prior_only": floor_score,
         "ap_per_model": per_model,
     }
-    lines = [t.to_json() for t in traces] + [o.to_json() for o in outcomes]
     meta = artifacts.publish(
         out_dir / KIND,
         model,
         kind=KIND,
         backend=model.name,
-        data_hash=artifacts.data_hash(lines),
+        data_hash=router_data_hash(traces, outcomes),
         rows=len(examples),
         models=model.models,
         metrics=metrics,
