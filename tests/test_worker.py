@@ -266,3 +266,14 @@ async def test_dead_engine_stops_the_worker_and_leaves_claims_to_expire(
         await asyncio.wait_for(run, 10)
     assert not await _finished(redis_client, keys, "y-100000")
     assert await redis_client.zscore(keys.claims(ENGINE), "y-100000") is not None  # re-queued on expiry
+
+
+async def test_max_requests_stops_claiming(redis_client: Redis, keys: Keys) -> None:
+    q = QueueStore(redis_client, keys)
+    for i in range(5):
+        await _enqueue(q, f"m{i}-3", float(i))
+    worker = _worker(redis_client, keys, _engine(4, 50.0), max_requests=3)
+    await asyncio.wait_for(worker.run(), 10)
+    assert worker.claimed_total == worker.completed_total == 3
+    assert await redis_client.zrange(keys.queue(ENGINE), 0, -1) == ["m3-3", "m4-3"]
+    assert await _load(redis_client, keys) == 20
