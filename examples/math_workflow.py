@@ -1,0 +1,65 @@
+"""A solver -> verifier workflow through Chimera's blocking SDK.
+
+Run ``chimera up`` in one terminal, then::
+
+    .venv/bin/python examples/math_workflow.py --addr 127.0.0.1:50051
+
+The verifier sees the solver's answer; the outcome (is the final number right?) goes back with EndProgram.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+from services.sdk import Client, Sampling
+
+PROBLEM = "A train travels 17 km every hour for 23 hours. How many km does it travel? End with the number."
+ANSWER = 17 * 23
+_NUMBER = re.compile(r"-?\d+")
+
+
+def last_number(text: str) -> int | None:
+    found = _NUMBER.findall(text.replace(",", ""))
+    return int(found[-1]) if found else None
+
+
+def run(addr: str, model: str = "auto", max_tokens: int = 256) -> float:
+    """Run one workflow; returns its outcome (1.0 if the verified answer is right)."""
+    sampling = Sampling(max_tokens=max_tokens, temperature=0.0)
+    with Client(addr) as client, client.workflow("math/solver-verifier", model=model) as wf:
+        solution = wf.run_stage([("system", "Solve step by step."), ("user", PROBLEM)], sampling=sampling)
+        verdict = wf.run_stage(
+            [
+                ("system", "Check the solution; end with the corrected final number."),
+                ("user", PROBLEM),
+                ("assistant", solution.text),
+                ("user", "Is it right?"),
+            ],
+            sampling=sampling,
+        )
+        answer = last_number(verdict.text)
+        if answer is None:
+            answer = last_number(solution.text)
+        outcome = 1.0 if answer == ANSWER else 0.0
+        wf.set_outcome(outcome)
+        sys.stdout.write(
+            f"[{wf.program_id}] {len(wf.completions)} stages on {verdict.model}/{verdict.engine}; "
+            f"answer {answer} (expected {ANSWER}); outcome {outcome}\n"
+        )
+    return outcome
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--addr", default="127.0.0.1:50051", help="dispatcher gRPC address")
+    p.add_argument("--model", default="auto", help='"auto" or a model name to pin')
+    p.add_argument("--max-tokens", type=int, default=256)
+    args = p.parse_args(argv)
+    run(args.addr, args.model, args.max_tokens)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

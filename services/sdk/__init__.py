@@ -1,0 +1,56 @@
+"""Python SDK for Chimera's gRPC front door: sync and async clients and a ``Workflow`` helper.
+
+async with AsyncClient("127.0.0.1:50051") as client:
+    async with client.workflow("code/planner-coder") as wf:
+        plan = await wf.run_stage([("system", "You plan."), ("user", task)])
+        code = await wf.run_stage([("user", task), ("assistant", plan.text), ("user", "Write it.")])
+        wf.set_outcome(1.0 if tests_pass(code.text) else 0.0)
+"""
+
+from services.sdk.client import AsyncClient, Client
+from services.sdk.errors import (
+    ChimeraError,
+    DeadlineExceededError,
+    DuplicateRequestError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    RequestCancelledError,
+    RequestTooLargeError,
+    StageConflictError,
+    UnavailableError,
+)
+from services.sdk.types import (
+    Completion,
+    EngineStatus,
+    Message,
+    MessageLike,
+    ModelStatus,
+    ProgramEnd,
+    Sampling,
+    TextDelta,
+)
+from services.sdk.workflow import AsyncWorkflow, Workflow
+
+__all__ = [
+    "AsyncClient",
+    "AsyncWorkflow",
+    "ChimeraError",
+    "Client",
+    "Completion",
+    "DeadlineExceededError",
+    "DuplicateRequestError",
+    "EngineStatus",
+    "InvalidRequestError",
+    "Message",
+    "MessageLike",
+    "ModelNotFoundError",
+    "ModelStatus",
+    "ProgramEnd",
+    "RequestCancelledError",
+    "RequestTooLargeError",
+    "Sampling",
+    "StageConflictError",
+    "TextDelta",
+    "UnavailableError",
+    "Workflow",
+]

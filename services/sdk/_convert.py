@@ -1,0 +1,96 @@
+"""Protobuf <-> SDK dataclasses, shared by the sync and async clients."""
+
+from __future__ import annotations
+
+from chimera.dispatcher.v1 import dispatcher_pb2 as pb
+from services.sdk.types import Completion, EngineStatus, Message, ModelStatus, ProgramEnd, Sampling, TextDelta
+
+
+def generate_request(
+    messages: tuple[Message, ...],
+    *,
+    program_id: str,
+    stage: int,
+    workflow: str,
+    model: str,
+    sampling: Sampling,
+    request_id: str | None,
+    timeout_s: float | None,
+) -> pb.GenerateRequest:
+    s = pb.SamplingParams(
+        max_tokens=sampling.max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        stop=list(sampling.stop),
+    )
+    if sampling.seed is not None:
+        s.seed = sampling.seed
+    return pb.GenerateRequest(
+        program_id=program_id,
+        stage=stage,
+        workflow=workflow,
+        messages=[pb.ChatMessage(role=m.role, content=m.content) for m in messages],
+        sampling=s,
+        request_id=request_id or "",
+        timeout_ms=int(timeout_s * 1000) if timeout_s else 0,
+        model=model,
+    )
+
+
+def call_timeout(timeout_s: float | None, default_s: float | None) -> float | None:
+    """The gRPC deadline: a little past the request's own, so the server's DEADLINE_EXCEEDED (which
+    cancels the request) wins over the client giving up."""
+    return timeout_s + 5.0 if timeout_s else default_s
+
+
+def event(resp: pb.GenerateResponse) -> TextDelta | Completion:
+    if resp.HasField("delta"):
+        return TextDelta(resp.delta.text, resp.delta.attempt)
+    f = resp.final
+    return Completion(
+        request_id=f.request_id,
+        text=f.text,
+        finish_reason=f.finish_reason,
+        prompt_tokens=f.usage.prompt_tokens,
+        completion_tokens=f.usage.completion_tokens,
+        model=f.model,
+        engine=f.engine,
+        queue_wait_s=f.queue_wait_s,
+        e2e_s=f.e2e_s,
+        predicted_tokens=f.predicted_tokens,
+        predicted_tokens_p90=f.predicted_tokens_p90,
+        attempts=f.attempts,
+        dispatch_ms=f.dispatch_ms,
+    )
+
+
+def end_request(program_id: str, outcome: float | None) -> pb.EndProgramRequest:
+    req = pb.EndProgramRequest(program_id=program_id)
+    if outcome is not None:
+        req.outcome = outcome
+    return req
+
+
+def program_end(resp: pb.EndProgramResponse) -> ProgramEnd:
+    return ProgramEnd(found=resp.found, cancelled_requests=resp.cancelled_requests)
+
+
+def models(resp: pb.ListModelsResponse) -> tuple[ModelStatus, ...]:
+    return tuple(
+        ModelStatus(
+            name=m.name,
+            engines=tuple(
+                EngineStatus(
+                    engine_id=e.engine_id,
+                    alive=e.alive,
+                    queued=e.queued,
+                    running=e.running,
+                    inflight_tokens=e.inflight_tokens,
+                    decode_ms_per_token=e.decode_ms_per_token,
+                    max_batch_size=e.max_batch_size,
+                )
+                for e in m.engines
+            ),
+        )
+        for m in resp.models
+    )

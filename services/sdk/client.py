@@ -1,0 +1,242 @@
+"""Sync and async clients of the dispatcher's gRPC API.
+
+Both take plain Python values and return the frozen dataclasses of ``services.sdk.types``; every gRPC
+failure surfaces as a ``ChimeraError`` subclass chosen by its status code (``services.sdk.errors``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Iterator
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import grpc
+
+from chimera.dispatcher.v1 import dispatcher_pb2 as pb
+from chimera.dispatcher.v1 import dispatcher_pb2_grpc
+from services.sdk import _convert
+from services.sdk.errors import from_rpc_error
+from services.sdk.types import (
+    Completion,
+    MessageLike,
+    ModelStatus,
+    ProgramEnd,
+    Sampling,
+    TextDelta,
+    to_messages,
+)
+
+if TYPE_CHECKING:
+    from services.sdk.workflow import AsyncWorkflow, Workflow
+
+DEFAULT_ADDR = "127.0.0.1:50051"
+
+
+def _last(events: Iterable[TextDelta | Completion]) -> Completion:
+    final = None
+    for ev in events:
+        if isinstance(ev, Completion):
+            final = ev
+    if final is None:
+        raise RuntimeError("the stream ended without a final completion")
+    return final
+
+
+class AsyncClient:
+    """``async with AsyncClient(addr) as client``; one channel, safe to share between tasks."""
+
+    def __init__(self, addr: str = DEFAULT_ADDR, *, default_timeout_s: float | None = None) -> None:
+        self.addr = addr
+        self._channel = grpc.aio.insecure_channel(addr)
+        self._stub = dispatcher_pb2_grpc.DispatcherStub(self._channel)
+        self._timeout_s = default_timeout_s
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def stream(
+        self,
+        messages: Iterable[MessageLike] | str,
+        *,
+        program_id: str,
+        stage: int,
+        workflow: str,
+        model: str = "auto",
+        sampling: Sampling = Sampling(),
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[TextDelta | Completion]:
+        """Text deltas as they are generated, then exactly one ``Completion``."""
+        req = _convert.generate_request(
+            to_messages(messages),
+            program_id=program_id,
+            stage=stage,
+            workflow=workflow,
+            model=model,
+            sampling=sampling,
+            request_id=request_id,
+            timeout_s=timeout_s,
+        )
+        call = self._stub.Generate(req, timeout=_convert.call_timeout(timeout_s, self._timeout_s))
+        try:
+            async for resp in call:
+                yield _convert.event(resp)
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e) from None
+        finally:
+            call.cancel()  # no-op once finished; cancels the request if the caller stopped reading
+
+    async def generate(
+        self,
+        messages: Iterable[MessageLike] | str,
+        *,
+        program_id: str,
+        stage: int,
+        workflow: str,
+        model: str = "auto",
+        sampling: Sampling = Sampling(),
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Completion:
+        """Run one stage to completion."""
+        events = [
+            ev
+            async for ev in self.stream(
+                messages,
+                program_id=program_id,
+                stage=stage,
+                workflow=workflow,
+                model=model,
+                sampling=sampling,
+                request_id=request_id,
+                timeout_s=timeout_s,
+            )
+        ]
+        return _last(events)
+
+    async def end_program(self, program_id: str, outcome: float | None = None) -> ProgramEnd:
+        try:
+            resp = await self._stub.EndProgram(
+                _convert.end_request(program_id, outcome), timeout=self._timeout_s
+            )
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e) from None
+        return _convert.program_end(resp)
+
+    async def list_models(self) -> tuple[ModelStatus, ...]:
+        try:
+            resp = await self._stub.ListModels(pb.ListModelsRequest(), timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e) from None
+        return _convert.models(resp)
+
+    def workflow(self, workflow: str, *, program_id: str | None = None, model: str = "auto") -> AsyncWorkflow:
+        """A multi-stage run: ``async with client.workflow("code/planner-coder") as wf: ...``."""
+        from services.sdk.workflow import AsyncWorkflow
+
+        return AsyncWorkflow(self, workflow, program_id=program_id, model=model)
+
+
+class Client:
+    """Blocking twin of ``AsyncClient``, for scripts and threads."""
+
+    def __init__(self, addr: str = DEFAULT_ADDR, *, default_timeout_s: float | None = None) -> None:
+        self.addr = addr
+        self._channel = grpc.insecure_channel(addr)
+        self._stub = dispatcher_pb2_grpc.DispatcherStub(self._channel)
+        self._timeout_s = default_timeout_s
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def stream(
+        self,
+        messages: Iterable[MessageLike] | str,
+        *,
+        program_id: str,
+        stage: int,
+        workflow: str,
+        model: str = "auto",
+        sampling: Sampling = Sampling(),
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Iterator[TextDelta | Completion]:
+        req = _convert.generate_request(
+            to_messages(messages),
+            program_id=program_id,
+            stage=stage,
+            workflow=workflow,
+            model=model,
+            sampling=sampling,
+            request_id=request_id,
+            timeout_s=timeout_s,
+        )
+        call = self._stub.Generate(req, timeout=_convert.call_timeout(timeout_s, self._timeout_s))
+        try:
+            for resp in call:
+                yield _convert.event(resp)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        finally:
+            call.cancel()
+
+    def generate(
+        self,
+        messages: Iterable[MessageLike] | str,
+        *,
+        program_id: str,
+        stage: int,
+        workflow: str,
+        model: str = "auto",
+        sampling: Sampling = Sampling(),
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Completion:
+        return _last(
+            self.stream(
+                messages,
+                program_id=program_id,
+                stage=stage,
+                workflow=workflow,
+                model=model,
+                sampling=sampling,
+                request_id=request_id,
+                timeout_s=timeout_s,
+            )
+        )
+
+    def end_program(self, program_id: str, outcome: float | None = None) -> ProgramEnd:
+        try:
+            resp = self._stub.EndProgram(_convert.end_request(program_id, outcome), timeout=self._timeout_s)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return _convert.program_end(resp)
+
+    def list_models(self) -> tuple[ModelStatus, ...]:
+        try:
+            resp = self._stub.ListModels(pb.ListModelsRequest(), timeout=self._timeout_s)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return _convert.models(resp)
+
+    def workflow(self, workflow: str, *, program_id: str | None = None, model: str = "auto") -> Workflow:
+        """A multi-stage run: ``with client.workflow("math/solver-verifier") as wf: ...``."""
+        from services.sdk.workflow import Workflow
+
+        return Workflow(self, workflow, program_id=program_id, model=model)
