@@ -58,8 +58,8 @@ async def sdk(private_redis: PrivateRedis, keys: Keys, redis_client: Redis) -> A
 
 
 async def _outcomes(s: Sdk) -> dict[str, float]:
-    entries: list[tuple[str, dict[str, str]]] = await s.redis.xrange(s.keys.outcomes())
-    rows = [json.loads(f["row"]) for _, f in entries]
+    entries = await s.redis.xrange(s.keys.outcomes()) or []
+    rows = [json.loads(str((f or {})["row"])) for _, f in entries]
     return {r["program_id"]: r["outcome"] for r in rows}
 
 
