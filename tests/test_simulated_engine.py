@@ -140,15 +140,15 @@ async def _timed_run(batch: int) -> float:
 async def test_step_time_follows_profile_and_time_scale() -> None:
     one = await _timed_run(1)  # 10 steps x 10 ms
     eight = await _timed_run(8)  # 10 steps x 40 ms
-    assert 0.09 <= one <= 0.3
-    assert 0.39 <= eight <= 0.8
+    assert 0.098 <= one <= 0.6
+    assert 0.39 <= eight <= 1.5
     eng = SimulatedEngine("m", _flat(100.0), time_scale=50.0, lengths=FixedLengths())
     await eng.start()
     t0 = time.perf_counter()
     await _collect(eng.generate(_req("a-10"), "a", 0))  # 10 x 100 ms / 50 = 20 ms
     elapsed = time.perf_counter() - t0
     await eng.stop()
-    assert 0.019 <= elapsed <= 0.25
+    assert 0.0195 <= elapsed <= 0.5
 
 
 async def test_prefill_cost_is_charged_on_admission() -> None:
@@ -159,7 +159,7 @@ async def test_prefill_cost_is_charged_on_admission() -> None:
     await _collect(eng.generate(_req("a-1", text=" ".join(["w"] * 100)), "a", 0))  # ~102 prompt tokens
     elapsed = time.perf_counter() - t0
     await eng.stop()
-    assert 0.2 <= elapsed <= 0.6
+    assert 0.198 <= elapsed <= 1.0
 
 
 async def test_abort_finishes_cancelled_and_frees_the_slot() -> None:

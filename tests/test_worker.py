@@ -277,3 +277,17 @@ async def test_max_requests_stops_claiming(redis_client: Redis, keys: Keys) -> N
     assert worker.claimed_total == worker.completed_total == 3
     assert await redis_client.zrange(keys.queue(ENGINE), 0, -1) == ["m3-3", "m4-3"]
     assert await _load(redis_client, keys) == 20
+
+
+async def test_a_freed_slot_is_refilled_without_waiting_for_the_poll(redis_client: Redis, keys: Keys) -> None:
+    q = QueueStore(redis_client, keys)
+    for i in range(10):
+        await _enqueue(q, f"s{i}-2", float(i))
+    opts = WorkerOptions(
+        engine_id=ENGINE, kind="simulated", worker_id="w", prefetch=0, claim_wait_s=1.0, burst=True
+    )
+    worker = Worker(q, redis_client, _engine(1, 50.0), opts)
+    t0 = time.monotonic()
+    await asyncio.wait_for(worker.run(), 20)
+    # Ten one-at-a-time requests of ~1.3 ms each: one poll timeout per request would take 10 s.
+    assert time.monotonic() - t0 < 3.0 and worker.completed_total == 10

@@ -156,6 +156,8 @@ class Worker:
         while not self._stop.is_set():
             if o.max_requests is not None and self.claimed_total >= o.max_requests:
                 return
+            # Cleared before the room is measured, so a slot freed from here on wakes the wait below.
+            self._slot_freed.clear()
             room = self._room()
             if room <= 0:
                 await self._wait_slot()
@@ -179,7 +181,6 @@ class Worker:
                 await self._q.wait_for_work(o.engine_id, o.claim_wait_s)
 
     async def _wait_slot(self) -> None:
-        self._slot_freed.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._slot_freed.wait(), self._o.claim_wait_s)
 
