@@ -80,7 +80,16 @@ class QueueStore:
         """Record or check a program's assignment. Returns (status, engine, model); see ASSIGN."""
         res = await self._assign(
             keys=[self._k.program(program_id)],
-            args=[engine, model, workflow, stage, request_id, ttl_s, json.dumps(dict(confidences)), time.time()],
+            args=[
+                engine,
+                model,
+                workflow,
+                stage,
+                request_id,
+                ttl_s,
+                json.dumps(dict(confidences)),
+                time.time(),
+            ],
         )
         status, eng, mdl = (x.decode() if isinstance(x, bytes) else str(x) for x in res)
         return status, eng, mdl
@@ -228,8 +237,15 @@ class QueueStore:
             ],
             args=[
                 request_id,
-                _ev(t="final", a=0, text="", finish_reason="cancelled", prompt_tokens=0,
-                    completion_tokens=0, reason=reason),
+                _ev(
+                    t="final",
+                    a=0,
+                    text="",
+                    finish_reason="cancelled",
+                    prompt_tokens=0,
+                    completion_tokens=0,
+                    reason=reason,
+                ),
                 self.retention.finished_ttl_s,
                 repr(time.time()),
             ],
@@ -256,11 +272,9 @@ class QueueStore:
             await self._r.rpush(k.wake(engine), 1)
         return [_s(i) for i in ids]
 
-    async def read_events(
-        self, engine: str, request_id: str, after: str, block_ms: int
-    ) -> list[OutputEvent]:
+    async def read_events(self, engine: str, request_id: str, after: str, block_ms: int) -> list[OutputEvent]:
         """Events after stream id ``after`` ('0' for all), waiting up to ``block_ms`` for the first one."""
-        res = await self._r.xread({self._k.output(engine, request_id): after}, block=block_ms, count=512)
+        res: Any = await self._r.xread({self._k.output(engine, request_id): after}, block=block_ms, count=512)
         out: list[OutputEvent] = []
         for _stream, entries in res or []:
             for sid, fields in entries:

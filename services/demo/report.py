@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
+from typing import Any
 
 from redis.asyncio import Redis
 from rich.console import Console
@@ -21,26 +23,20 @@ async def print_queue_snapshot(console: Console, stack: Stack, until: asyncio.Ta
     try:
         while not until.done():
             for e in stack.pool.engines:
-                entries = await client.zrange(keys.queue(e.id), 0, -1, withscores=True)
+                entries: Any = await client.zrange(keys.queue(e.id), 0, -1, withscores=True)
                 if len(entries) >= 3:
                     table = Table(title=f"ZRANGE '{keys.queue(e.id)}' 0 -1 WITHSCORES (dispatch order)")
                     for col in ("pos", "request", "score", "predicted tokens", "stage"):
                         table.add_column(col)
                     for pos, (rid, score) in enumerate(entries[:10]):
-                        y, stage = await client.hmget(keys.request(e.id, rid), ["y", "payload"])
-                        stage_idx = "?" if stage is None else str(_stage_of(stage))
+                        y, payload = await client.hmget(keys.request(e.id, rid), ["y", "payload"])
+                        stage_idx = "?" if payload is None else str(json.loads(payload)["stage"])
                         table.add_row(str(pos), rid[:16], f"{score:.1f}", str(y), stage_idx)
                     console.print(table)
                     return
             await asyncio.sleep(0.05)
     finally:
         await client.aclose()
-
-
-def _stage_of(payload: str) -> int:
-    import json
-
-    return int(json.loads(payload)["stage"])
 
 
 def print_report(console: Console, runs: Sequence[WorkflowRun]) -> int:
