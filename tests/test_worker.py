@@ -291,3 +291,17 @@ async def test_a_freed_slot_is_refilled_without_waiting_for_the_poll(redis_clien
     await asyncio.wait_for(worker.run(), 20)
     # Ten one-at-a-time requests of ~1.3 ms each: one poll timeout per request would take 10 s.
     assert time.monotonic() - t0 < 3.0 and worker.completed_total == 10
+
+
+async def test_deltas_are_coalesced_but_the_first_token_is_sent_at_once(
+    redis_client: Redis, keys: Keys
+) -> None:
+    q = QueueStore(redis_client, keys)
+    await _enqueue(q, "big-600", 1.0)
+    await _worker(redis_client, keys, _engine(1, 2000.0), burst=True).run()
+    evs = await _events(redis_client, keys, "big-600")
+    deltas = [e["text"] for e in evs if e["t"] == "delta"]
+    assert len(deltas[0].split()) == 1  # the first token alone
+    assert 1 < len(deltas) < 600 // 4  # far fewer stream entries than tokens
+    assert all(len(d) < 64 + 40 for d in deltas)  # none much past the 64-character threshold
+    assert evs[-1]["text"] == "".join(deltas)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -245,7 +246,7 @@ class Worker:
         parts: list[str] = []
         pending: list[str] = []
         pending_chars = 0
-        last_pub = loop.time()
+        last_pub = -math.inf  # the first token goes out at once: time to first token is what callers feel
         final: EngineOutput | None = None
         job.started = True
         async for out in self._engine.generate(c.request, job.key, c.predicted):
