@@ -103,7 +103,8 @@ def test_app_wiring_acks_late_only_on_idempotent_tasks() -> None:
     assert app.conf.result_backend_transport_options["global_keyprefix"] == "px:"
     assert app.tasks[EXPORT_TRACES].acks_late is True
     assert app.conf.beat_schedule["export-traces"]["task"] == EXPORT_TRACES
-    assert make_app(JobsSettings(export_interval_s=0)).conf.beat_schedule == {}
+    assert app.conf.beat_schedule["retrain_router"]["task"] == RETRAIN_ROUTER
+    assert make_app(JobsSettings(export_interval_s=0, retrain_interval_s=0)).conf.beat_schedule == {}
 
 
 @pytest.mark.unit
@@ -228,6 +229,7 @@ def env(private_redis: PrivateRedis, keys: Keys, tmp_path: Path) -> dict[str, st
         "CHIMERA_JOBS_STATE_DIR": str(tmp_path / "state"),
         "CHIMERA_JOBS_EXPORT_BATCH": "4",
         "CHIMERA_JOBS_EXPORT_INTERVAL_S": "0",  # only the tasks this test sends
+        "CHIMERA_JOBS_RETRAIN_INTERVAL_S": "0",
     }
 
 

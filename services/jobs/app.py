@@ -11,7 +11,7 @@ from typing import Any
 from celery import Celery
 
 from services.jobs.config import JobsSettings
-from services.jobs.tasks import EXPORT_TRACES, register
+from services.jobs.tasks import EXPORT_TRACES, RETRAIN_PREDICTOR, RETRAIN_ROUTER, register
 
 
 def make_app(settings: JobsSettings, *, eager: bool = False) -> Celery:
@@ -43,6 +43,11 @@ def make_app(settings: JobsSettings, *, eager: bool = False) -> Celery:
 
 
 def _schedule(settings: JobsSettings) -> dict[str, dict[str, Any]]:
-    if settings.export_interval_s <= 0:
-        return {}
-    return {"export-traces": {"task": EXPORT_TRACES, "schedule": settings.export_interval_s}}
+    plan: dict[str, dict[str, Any]] = {}
+    if settings.export_interval_s > 0:
+        plan["export-traces"] = {"task": EXPORT_TRACES, "schedule": settings.export_interval_s}
+    if settings.retrain_interval_s > 0:
+        # Retrains skip themselves when no new rows arrived, so a short period costs one export and a hash.
+        for name in (RETRAIN_ROUTER, RETRAIN_PREDICTOR):
+            plan[name.rsplit(".", 1)[-1]] = {"task": name, "schedule": settings.retrain_interval_s}
+    return plan

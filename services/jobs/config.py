@@ -51,6 +51,9 @@ class JobsSettings(CommonSettings):
     beat: bool = Field(
         True, description="run the periodic scheduler inside this worker (run exactly one such worker)"
     )
+    retrain_interval_s: float = Field(
+        3600.0, ge=0, le=7 * 86_400, description="period of the scheduled retrains; 0 disables them"
+    )
     retrain_min_rows: int = Field(
         50, ge=1, description="fewest exported rows (router: outcomes, predictor: traces) worth a retrain"
     )
