@@ -18,20 +18,15 @@ from services.worker.engine.factory import build_engine
 from services.worker.worker import Worker
 
 
-async def main(settings: WorkerSettings) -> int:
-    redis = Redis.from_url(settings.redis_url, decode_responses=True)
-    worker = Worker(
-        QueueStore(redis, Keys(settings.key_prefix)), redis, build_engine(settings), settings.options()
-    )
-    loop = asyncio.get_running_loop()
+async def main(s: WorkerSettings) -> int:
+    redis = Redis.from_url(s.redis_url, decode_responses=True)
+    worker = Worker(QueueStore(redis, Keys(s.key_prefix)), redis, build_engine(s), s.options())
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, worker.request_stop)
+        asyncio.get_running_loop().add_signal_handler(sig, worker.request_stop)
     try:
         await worker.run()
-    except EngineDeadError as exc:
-        logging.getLogger("services.worker").error(
-            "engine died, exiting so its claims are re-queued: %s", exc
-        )
+    except EngineDeadError as exc:  # exit non-zero: the claims expire and are re-queued
+        logging.getLogger("services.worker").error("engine died: %s", exc)
         return 1
     finally:
         await redis.aclose()
