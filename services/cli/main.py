@@ -17,7 +17,8 @@ from services.launcher.config import LauncherSettings
 from services.launcher.stack import running_stack
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
-console = Console()
+# Wide enough for the demo's tables when stdout is not a terminal (CI logs, pipes).
+console = Console(width=180)
 
 PoolOpt = Annotated[Path | None, typer.Option("--pool", help="engine pool YAML (default: embedded)")]
 

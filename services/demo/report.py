@@ -54,7 +54,7 @@ def print_report(console: Console, runs: Sequence[WorkflowRun]) -> int:
     ):
         table.add_column(col)
     for r in runs:
-        models = sorted({s.model for s in r.stages}) or ["-"]
+        models = sorted({s.model.rsplit("/", 1)[-1] for s in r.stages}) or ["-"]
         engines = sorted({s.engine for s in r.stages}) or ["-"]
         table.add_row(
             r.program_id,

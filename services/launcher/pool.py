@@ -12,6 +12,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+POOLS = Path(__file__).with_name("pools")
 DEFAULT_POOL = Path(__file__).with_name("default_pool.yaml")
 
 
