@@ -305,3 +305,33 @@ async def test_deltas_are_coalesced_but_the_first_token_is_sent_at_once(
     assert 1 < len(deltas) < 600 // 4  # far fewer stream entries than tokens
     assert all(len(d) < 64 + 40 for d in deltas)  # none much past the 64-character threshold
     assert evs[-1]["text"] == "".join(deltas)
+
+
+async def test_shutdown_past_grace_abandons_to_the_next_worker(redis_client: Redis, keys: Keys) -> None:
+    q = QueueStore(redis_client, keys)
+    await _enqueue(q, "slow-100000", 1.0)
+    first = _worker(redis_client, keys, _engine(1, 5.0), grace_s=0.2, lease_s=0.6)
+    run = asyncio.create_task(first.run())
+    await _until(lambda: _streaming(redis_client, keys, "slow-100000"))
+    first.request_stop()
+    await asyncio.wait_for(run, 5)
+    assert not await _finished(redis_client, keys, "slow-100000")
+    assert await redis_client.zscore(keys.claims(ENGINE), "slow-100000") is not None  # left to expire
+    await asyncio.sleep(0.7)
+    second_engine = _engine(1, 5.0)
+    second = _worker(redis_client, keys, second_engine, lease_s=0.6)
+    run = asyncio.create_task(second.run())
+    try:
+        await _until(lambda: _attempt_streaming(redis_client, keys, "slow-100000", 2), 5)
+        await q.cancel(ENGINE, "slow-100000")
+        await _until(lambda: _finished(redis_client, keys, "slow-100000"), 5)
+    finally:
+        second.request_stop()
+        await asyncio.wait_for(run, 10)
+    finals = [e for e in await _events(redis_client, keys, "slow-100000") if e["t"] == "final"]
+    assert len(finals) == 1 and finals[0]["attempt"] == 2 and finals[0]["finish_reason"] == "cancelled"
+    assert await _load(redis_client, keys) == 0
+
+
+async def _attempt_streaming(r: Redis, keys: Keys, rid: str, attempt: int) -> bool:
+    return any(e["t"] == "delta" and e["a"] == attempt for e in await _events(r, keys, rid))

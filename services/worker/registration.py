@@ -35,7 +35,7 @@ async def register(
 ) -> None:
     """Add the engine to the engine set and write its info hash, leaving ``load`` to the queue scripts."""
     mapping: dict[FieldT, EncodableT] = {k: str(v) for k, v in fields.items()}
-    mapping |= {"heartbeat_ms": str(int(time.time() * 1000)), "running": "0"}
+    mapping |= {"heartbeat_ms": str(int(time.time() * 1000)), "running": "0", "held": "0"}
     if profile is not None:
         mapping |= {
             "decode_ms_per_token": repr(profile.decode_ms_per_token),
@@ -52,8 +52,14 @@ async def register(
         await pipe.execute()
 
 
-async def heartbeat(redis: Redis, keys: Keys, engine_id: str, worker_id: str, running: int) -> None:
-    await redis.hset(
-        keys.engine_info(engine_id),
-        mapping={"heartbeat_ms": int(time.time() * 1000), "running": running, "worker_id": worker_id},
-    )
+async def heartbeat(
+    redis: Redis, keys: Keys, engine_id: str, worker_id: str, running: int, held: int
+) -> None:
+    """Refresh liveness and occupancy: ``running`` in the engine, ``held`` claims (running + prefetched)."""
+    mapping: dict[FieldT, EncodableT] = {
+        "heartbeat_ms": int(time.time() * 1000),
+        "running": running,
+        "held": held,
+        "worker_id": worker_id,
+    }
+    await redis.hset(keys.engine_info(engine_id), mapping=mapping)

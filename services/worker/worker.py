@@ -355,7 +355,9 @@ class Worker:
         o = self._o
         while True:
             try:
-                await registration.heartbeat(self._r, self._q.keys, o.engine_id, o.worker_id, len(self._held))
+                await registration.heartbeat(
+                    self._r, self._q.keys, o.engine_id, o.worker_id, self._engine.running(), len(self._held)
+                )
             except RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)
             if await self._closed_within(o.heartbeat_s):
