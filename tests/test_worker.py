@@ -124,6 +124,7 @@ async def test_burst_streams_every_request_and_bounds_admission(redis_client: Re
     assert info["model"] == "sim-m" and info["kind"] == "simulated" and info["max_num_seqs"] == "3"
     assert EngineProfile.from_json(info["profile"]) == measured_style_profile()
     assert float(info["decode_ms_per_token"]) == 33.0 and int(info["heartbeat_ms"]) > 0
+    assert float(info["time_scale"]) == 20.0 and info["worker_id"] == "w-test"
 
 
 async def test_stored_measured_profile_is_preferred(redis_client: Redis, keys: Keys) -> None:

@@ -141,6 +141,9 @@ class Worker:
             "max_num_seqs": self._engine.max_num_seqs,
             "worker_id": o.worker_id,
             "profile_source": "measured" if measured else ("engine" if profile else "none"),
+            # A simulated engine runs time_scale times faster than its profile; readers of its timings
+            # (benchmarks) multiply wall durations by it. Real engines run at 1.
+            "time_scale": float(getattr(self._engine, "time_scale", 1.0)),
         }
         await registration.register(self._r, keys, o.engine_id, fields, profile)
 
