@@ -1,0 +1,209 @@
+"""``chimera queue [ENGINE]`` and ``chimera explain REQUEST_ID``: Redis-only views, as rich tables or JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Annotated, TypeVar
+
+import typer
+from redis.asyncio import Redis
+from rich.console import Console
+from rich.table import Table
+
+from services.common.keys import Keys
+from services.inspect.config import InspectSettings
+from services.inspect.explain import Explanation, RequestNotFound, explain
+from services.inspect.queue_view import EngineQueue, QueueView, WaitingRequest, queue_view
+
+app = typer.Typer(add_completion=False, help=__doc__)
+T = TypeVar("T")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of tables")]
+
+
+def _run(settings: InspectSettings, work: Callable[[Redis, Keys], Awaitable[T]]) -> T:
+    async def go() -> T:
+        redis = Redis.from_url(settings.redis_url, decode_responses=True)
+        try:
+            return await work(redis, Keys(settings.key_prefix))
+        finally:
+            await redis.aclose()
+
+    return asyncio.run(go())
+
+
+def _ts(seconds: float) -> str:
+    return f"{seconds:.1f}s" if seconds < 120 else f"{seconds / 60:.1f}m"
+
+
+def _waiting_table(title: str, rows: tuple[WaitingRequest, ...]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col in (
+        "pos",
+        "request",
+        "program",
+        "stage",
+        "workflow",
+        "pred tokens",
+        "age",
+        "eff. priority",
+        "try",
+    ):
+        t.add_column(col, justify="right" if col in ("pos", "stage", "pred tokens", "age", "try") else "left")
+    for w in rows:
+        t.add_row(
+            str(w.position),
+            w.request_id,
+            w.program_id,
+            str(w.stage),
+            w.workflow,
+            f"{w.predicted_tokens} (p90 {w.predicted_tokens_p90})",
+            _ts(w.age_s),
+            f"{w.effective_priority:.1f}",
+            str(w.attempt),
+        )
+    return t
+
+
+def _engine_tables(console: Console, e: EngineQueue) -> None:
+    state = "[green]alive[/]" if e.alive else "[red]dead[/]"
+    hb = f", heartbeat {_ts(e.heartbeat_age_s)} ago" if e.heartbeat_age_s is not None else ""
+    console.rule(
+        f"[bold]{e.engine}[/] ({e.model or '?'}) {state}{hb}, in-flight {e.load_tokens} predicted tokens"
+    )
+    more = f" (first {len(e.waiting)})" if e.waiting_total > len(e.waiting) else ""
+    console.print(_waiting_table(f"waiting: {e.waiting_total}{more}, served top first", e.waiting))
+    r = Table(title=f"running: {len(e.running)}", title_justify="left")
+    for col in (
+        "request",
+        "program",
+        "stage",
+        "workflow",
+        "pred tokens",
+        "worker",
+        "running",
+        "lease left",
+        "try",
+    ):
+        r.add_column(col)
+    for x in e.running:
+        r.add_row(
+            x.request_id,
+            x.program_id,
+            str(x.stage),
+            x.workflow,
+            str(x.predicted_tokens),
+            x.worker,
+            _ts(x.running_s),
+            f"{x.lease_left_s:.1f}s",
+            str(x.attempt),
+        )
+    console.print(r)
+
+
+def render_queue(console: Console, view: QueueView) -> None:
+    if not view.engines:
+        console.print("no engine has registered")
+    for e in view.engines:
+        _engine_tables(console, e)
+    p = Table(title=f"programs: {len(view.programs)}", title_justify="left")
+    for col in ("program", "workflow", "engine", "model", "stage", "request", "age", "idle", "ttl"):
+        p.add_column(col)
+    for x in view.programs:
+        p.add_row(
+            x.program_id,
+            x.workflow,
+            x.engine,
+            x.model,
+            str(x.stage),
+            x.request_id,
+            _ts(x.age_s),
+            _ts(x.idle_s),
+            f"{x.ttl_s}s",
+        )
+    console.print(p)
+
+
+def render_explanation(console: Console, e: Explanation) -> None:
+    console.rule(f"[bold]{e.request_id}[/]: {e.state} on {e.engine} ({e.model})")
+    console.print(
+        f"program {e.program_id}, workflow {e.workflow}, stage {e.stage}; policy {e.policy}, "
+        f"decision branch [bold]{e.branch}[/]; tau {e.tau:g}, delta_s {e.delta_s:g}"
+    )
+    if e.candidates:
+        t = Table(title="why this model: Algorithm 1's scan, most confident first", title_justify="left")
+        for col in ("engine", "model", "q", "L (ms)", "slack test", "margin test", ""):
+            t.add_column(col)
+        for c in e.candidates:
+            marks = " ".join(m for m, on in (("chosen", c.chosen), ("fastest", c.fastest)) if on)
+            t.add_row(
+                c.engine,
+                c.model,
+                f"{c.q:.3f}",
+                f"{c.load_ms:.1f}",
+                "pass" if c.slack_ok else "fail",
+                "pass" if c.margin_ok else "fail",
+                marks,
+            )
+        console.print(t)
+    elif e.loads_ms:
+        console.print(
+            "loads at dispatch: " + ", ".join(f"{k} {v:.1f} ms" for k, v in sorted(e.loads_ms.items()))
+        )
+    for line in e.reasons:
+        console.print(f"- {line}")
+    console.print(
+        f"priority: predicted {e.predicted_tokens} tokens (p90 {e.predicted_tokens_p90}), "
+        f"score {e.score:.1f}, waited {_ts(e.age_s)}, effective priority {e.effective_priority:.1f}"
+    )
+    if e.ahead:
+        console.print(_waiting_table(f"ahead of it ({e.position} in all; the nearest shown)", e.ahead))
+
+
+@app.command()
+def queue(
+    engine: Annotated[str | None, typer.Argument(help="one engine id; default: every engine")] = None,
+    limit: Annotated[int | None, typer.Option(help="waiting requests shown per engine")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Each engine's waiting requests in the order its workers will serve them, running requests, and the
+    program table (reads Redis only)."""
+    s = InspectSettings()
+    view = _run(
+        s,
+        lambda r, k: queue_view(
+            r,
+            k,
+            engine,
+            limit=limit or s.limit,
+            program_limit=s.program_limit,
+            dead_after_s=s.engine_dead_after_s,
+            now=time.time(),
+        ),
+    )
+    if as_json:
+        typer.echo(json.dumps(asdict(view), indent=2))
+    else:
+        render_queue(Console(), view)
+
+
+@app.command(name="explain")
+def explain_cmd(
+    request_id: Annotated[str, typer.Argument(help="the request to explain")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Why a request got its model (every engine's q and L, the slack and margin tests) and why it waits
+    where it does (its score and the requests ahead of it)."""
+    try:
+        e = _run(InspectSettings(), lambda r, k: explain(r, k, request_id))
+    except RequestNotFound as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(code=1) from exc
+    if as_json:
+        typer.echo(json.dumps(asdict(e), indent=2))
+    else:
+        render_explanation(Console(), e)

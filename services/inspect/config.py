@@ -1,0 +1,18 @@
+"""Settings of ``chimera queue`` and ``chimera explain``: ``CHIMERA_INSPECT_<NAME>`` variables."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from services.common.config import CommonSettings
+
+
+class InspectSettings(CommonSettings):
+    model_config = SettingsConfigDict(env_prefix="CHIMERA_INSPECT_", extra="ignore", frozen=True)
+
+    limit: int = Field(default=50, ge=1, le=100_000, description="waiting requests shown per engine")
+    program_limit: int = Field(default=200, ge=0, le=100_000, description="program-table rows shown")
+    engine_dead_after_s: float = Field(
+        default=15.0, gt=0, description="an engine whose heartbeat is older than this is shown as dead"
+    )

@@ -1,0 +1,241 @@
+"""``explain``: why a request went to its model, and why it sits where it does in that engine's queue.
+
+Both answers come from the decision record the dispatcher stored in the request's hash (field ``decision``)
+at dispatch time, plus the queue as it is now. ``recheck`` re-runs Algorithm 1's tests on the recorded
+q[m] and L[m], so an explanation that disagrees with the decision it explains is flagged, not trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from redis.asyncio import Redis
+
+from services.common.keys import Keys
+from services.inspect.queue_view import WaitingRequest, effective_priority, engine_ids, waiting_requests
+
+# The policy's own tolerance for boundary ties (L == bound, q == q_fast + delta_s).
+_EPS = 1e-12
+
+
+class RequestNotFound(LookupError):
+    """No engine holds a request with this id (never dispatched, or its retention passed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    engine: str
+    model: str
+    q: float
+    load_ms: float
+    slack_ok: bool  # L <= (1 + tau) * L_fast
+    margin_ok: bool  # q >= q_fast + delta_s
+    fastest: bool
+    chosen: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Recheck:
+    engine: str  # what Algorithm 1 picks from the recorded numbers
+    fast_engine: str
+    slack_bound_ms: float
+    margin_needed: float
+    consistent: bool  # same engine and the same test outcomes as recorded
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    request_id: str
+    engine: str
+    model: str
+    program_id: str
+    workflow: str
+    stage: int
+    state: str
+    attempt: int
+    policy: str
+    branch: str  # new | pinned | reuse | reuse-race
+    candidates: tuple[Candidate, ...]  # Algorithm 1's scan (descending q); empty unless branch new/pinned
+    loads_ms: Mapping[str, float]  # every engine's L[m] when the request was dispatched
+    tau: float
+    delta_s: float
+    recheck: Recheck | None
+    degraded: tuple[str, ...]
+    predicted_tokens: int
+    predicted_tokens_p90: int
+    score: float
+    aging_rate: float
+    priority_cap_tokens: int
+    t_enq: float
+    age_s: float
+    effective_priority: float
+    position: int | None  # 0 is served next; None unless still waiting
+    waiting_total: int
+    ahead: tuple[WaitingRequest, ...]  # the requests ahead of it (the first few)
+    timings_ms: Mapping[str, float]
+    reasons: tuple[str, ...]
+
+
+def _s(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def _num(x: Any, default: float = 0.0) -> float:
+    try:
+        return float(x)  # the record writes inf as the string 'inf'
+    except (TypeError, ValueError):
+        return default
+
+
+def recheck(candidates: Sequence[Candidate], tau: float, delta_s: float, recorded_engine: str) -> Recheck:
+    """Algorithm 1 (``services.dispatcher.policy.select_engine``) over the recorded q and L.
+
+    ``candidates`` are in the recorded scan order (descending q, then load); the recorded fastest engine is
+    kept because its tie-break (decode speed) is not in the record, but it must have the least load.
+    """
+    fast = next((c for c in candidates if c.fastest), None) or min(candidates, key=lambda c: c.load_ms)
+    bound = fast.load_ms * (1.0 + tau) if fast.load_ms > 0 else 0.0
+    need = fast.q + delta_s
+    tests = [(c.load_ms <= bound + _EPS, c.q >= need - _EPS) for c in candidates]
+    winner = next((c for c, (slack, margin) in zip(candidates, tests, strict=True) if slack and margin), fast)
+    consistent = (
+        fast.load_ms <= min(c.load_ms for c in candidates) + _EPS
+        and all(t == (c.slack_ok, c.margin_ok) for c, t in zip(candidates, tests, strict=True))
+        and winner.engine == recorded_engine
+    )
+    return Recheck(winner.engine, fast.engine, bound, need, consistent)
+
+
+def _candidates(selection: Mapping[str, Any]) -> tuple[Candidate, ...]:
+    fast, chosen = selection.get("fast_engine"), selection.get("engine")
+    return tuple(
+        Candidate(
+            engine=str(c["engine"]),
+            model=str(c["model"]),
+            q=_num(c["q"]),
+            load_ms=_num(c["load_ms"]),
+            slack_ok=bool(c["slack_ok"]),
+            margin_ok=bool(c["margin_ok"]),
+            fastest=c["engine"] == fast,
+            chosen=c["engine"] == chosen,
+        )
+        for c in selection.get("candidates", ())
+    )
+
+
+def reasons(e: Explanation) -> tuple[str, ...]:
+    """The explanation in sentences, for people (pure)."""
+    out: list[str] = []
+    if e.branch in ("reuse", "reuse-race"):
+        out.append(
+            f"stage {e.stage} of program {e.program_id} stays on {e.engine} ({e.model}), the engine its "
+            "first stage was assigned to: the workflow's context lives there (affinity)"
+        )
+    elif e.recheck is not None:
+        fast = next(c for c in e.candidates if c.fastest)
+        chosen = next(c for c in e.candidates if c.chosen)
+        if e.branch == "pinned":
+            out.append(f"the client pinned model {e.model}; only its engines were candidates")
+        if chosen.engine != fast.engine:
+            out.append(
+                f"{chosen.engine} ({chosen.model}) left the least-loaded {fast.engine}: its confidence "
+                f"q={chosen.q:.3f} >= q_fast + delta_s = {e.recheck.margin_needed:.3f}, and its load "
+                f"L={chosen.load_ms:.1f} ms <= (1 + tau) * L_fast = {e.recheck.slack_bound_ms:.1f} ms"
+            )
+        else:
+            out.append(
+                f"{fast.engine} ({fast.model}) is the least-loaded engine (L={fast.load_ms:.1f} ms) and no "
+                f"engine passed both the slack test (L <= {e.recheck.slack_bound_ms:.1f} ms) and the margin "
+                f"test (q >= {e.recheck.margin_needed:.3f})"
+            )
+        if not e.recheck.consistent:
+            out.append(f"WARNING: re-running the tests on the record picks {e.recheck.engine}")
+    for dep in e.degraded:
+        out.append(
+            "the router failed: every q counted as 0 (fastest engine)"
+            if dep == "router"
+            else f"the {dep} failed: max_tokens stood in for the prediction"
+        )
+    if e.position is not None:
+        out.append(
+            f"position {e.position} of {e.waiting_total}: served after every request with a lower score "
+            f"(score = min(y, {e.priority_cap_tokens}) + {e.aging_rate:g} * t_enq); its effective priority "
+            f"{e.effective_priority:.1f} = {e.predicted_tokens} predicted tokens - "
+            f"{e.aging_rate:g} tok/s * {e.age_s:.1f} s waited"
+        )
+    else:
+        out.append(f"no longer waiting: state {e.state}")
+    return tuple(out)
+
+
+async def _find_engine(redis: Redis, keys: Keys, request_id: str) -> str:
+    engines = await engine_ids(redis, keys)
+    pipe = redis.pipeline(transaction=False)
+    for eng in engines:
+        pipe.exists(keys.request(eng, request_id))
+    found = [eng for eng, n in zip(engines, await pipe.execute(), strict=True) if n]
+    if not found:
+        raise RequestNotFound(f"no engine holds request {request_id!r}")
+    return found[0]
+
+
+async def explain(
+    redis: Redis, keys: Keys, request_id: str, *, ahead_limit: int = 10, now: float | None = None
+) -> Explanation:
+    """Explain one request from its decision record and the queue as it is now."""
+    t = time.time() if now is None else now
+    engine = await _find_engine(redis, keys, request_id)
+    raw = await redis.hgetall(keys.request(engine, request_id))
+    h = {_s(k): _s(v) for k, v in raw.items()}
+    d: dict[str, Any] = json.loads(h.get("decision") or "{}")
+    payload: dict[str, Any] = json.loads(h.get("payload") or "{}")
+    selection = d.get("selection") or {}
+    candidates = _candidates(selection)
+    tau, delta_s = _num(d.get("tau"), math.nan), _num(d.get("delta_s"), math.nan)
+    score, aging = _num(h.get("score")), _num(d.get("aging_rate"))
+    t_enq = _num(h.get("t_enq"), t)
+    state = h.get("state", "")
+    found = await redis.zrank(keys.queue(engine), request_id) if state == "queued" else None
+    rank = int(found) if isinstance(found, int) else None
+    ahead = (
+        await waiting_requests(redis, keys, engine, max(0, rank - ahead_limit), rank - 1, t) if rank else ()
+    )
+    e = Explanation(
+        request_id=request_id,
+        engine=engine,
+        model=str(d.get("model", "")),
+        program_id=h.get("program_id", str(payload.get("program_id", ""))),
+        workflow=str(payload.get("workflow", "")),
+        stage=int(payload.get("stage", 0)),
+        state=state,
+        attempt=int(_num(h.get("attempt"))),
+        policy=str(d.get("policy", "")),
+        branch=str(d.get("branch", "")),
+        candidates=candidates,
+        loads_ms={str(k): _num(v) for k, v in (d.get("loads_ms") or {}).items()},
+        tau=tau,
+        delta_s=delta_s,
+        recheck=recheck(candidates, tau, delta_s, str(selection.get("engine", engine)))
+        if candidates
+        else None,
+        degraded=tuple(str(x) for x in d.get("degraded", ())),
+        predicted_tokens=int(_num(h.get("y"))),
+        predicted_tokens_p90=int(_num(h.get("y90"))),
+        score=score,
+        aging_rate=aging,
+        priority_cap_tokens=int(_num(d.get("priority_cap_tokens"))),
+        t_enq=t_enq,
+        age_s=max(0.0, t - t_enq),
+        effective_priority=effective_priority(score, aging, t),
+        position=rank,
+        waiting_total=int(await redis.zcard(keys.queue(engine))),
+        ahead=ahead,
+        timings_ms={str(k): _num(v) for k, v in (d.get("timings_ms") or {}).items()},
+        reasons=(),
+    )
+    return replace(e, reasons=reasons(e))
