@@ -18,7 +18,7 @@ from services.common.tracestore import write_jsonl
 from services.launcher.pool import PoolSpec
 from services.predictor.training import train_predictor
 from services.router.training import train_router
-from services.workload.corpus import load_corpus
+from services.workload.corpus import embedded_corpus, load_corpus
 from services.workload.generate import Binding, generate
 from services.workload.outcome import OutcomeModel
 
@@ -39,13 +39,15 @@ def bindings(pool: PoolSpec) -> list[Binding]:
     return list(seen.values())
 
 
-def ensure_artifacts(pool: PoolSpec, root: Path, workflows: int, seed: int) -> ArtifactDirs:
+def ensure_artifacts(
+    pool: PoolSpec, root: Path, workflows: int, seed: int, embedded: bool = False
+) -> ArtifactDirs:
     """Train bootstrap artifacts under ``root`` unless both services already have a current version
     that knows every model of the pool."""
     dirs = ArtifactDirs(router=root / "router", predictor=root / "predictor")
     if _covers(dirs.router, pool) and _covers(dirs.predictor, pool):
         return dirs
-    corpus = load_corpus()
+    corpus = embedded_corpus() if embedded else load_corpus()
     binds = bindings(pool)
     outcome_model = OutcomeModel(corpus.problems, models=[b.stand_in for b in binds])
     programs = list(generate(corpus.problems, outcome_model, binds, workflows, seed))

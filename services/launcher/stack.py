@@ -101,7 +101,9 @@ def running_stack(settings: LauncherSettings, pool: PoolSpec | None = None) -> I
         else:
             redis_url = settings.redis_url
         keys = Keys(settings.key_prefix)
-        artifacts = ensure_artifacts(pool, state / "artifacts", settings.bootstrap_workflows, settings.seed)
+        artifacts = ensure_artifacts(
+            pool, state / "artifacts", settings.bootstrap_workflows, settings.seed, settings.embedded_corpus
+        )
         ports = {
             "router": _port(host, settings.router_port),
             "predictor": _port(host, settings.predictor_port),
