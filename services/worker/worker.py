@@ -210,7 +210,9 @@ class Worker:
                 await self._abort(job)
             if job.task is not None:
                 job.task.cancel()
-        await asyncio.gather(*(j.task for j in left if j.task is not None), return_exceptions=True)
+        abandoned = [j.task for j in left if j.task is not None]
+        if abandoned:
+            await asyncio.wait(abandoned, timeout=5.0)
 
     async def _run_job(self, job: _Job) -> None:
         c = job.claimed
