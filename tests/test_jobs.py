@@ -187,6 +187,26 @@ def test_rows_that_do_not_parse_are_skipped_and_not_retried(
 
 
 @pytest.mark.redis
+def test_rows_trimmed_before_export_are_reported(
+    settings: JobsSettings, keys: Keys, sync_redis: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    add_traces(sync_redis, keys, "e0", [trace(i) for i in range(3)])
+    export_traces(sync_redis, keys, settings.traces_dir, 10, 5.0)
+    add_traces(sync_redis, keys, "e0", [trace(i) for i in range(3, 6)])
+    sync_redis.xtrim(keys.traces("e0"), maxlen=1, approximate=False)  # the capped stream outran the exporter
+    with caplog.at_level("WARNING", logger="services.jobs.export"):
+        export_traces(sync_redis, keys, settings.traces_dir, 10, 5.0)
+    assert "2 rows were trimmed" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="services.jobs.export"):
+        export_traces(sync_redis, keys, settings.traces_dir, 10, 5.0)
+    assert "trimmed" not in caplog.text  # reported once
+    assert [TraceRow.from_json(x) for x in lines(trace_file(settings.traces_dir, "e0"))] == [
+        trace(i) for i in (0, 1, 2, 5)
+    ]
+
+
+@pytest.mark.redis
 def test_heartbeat_check(keys: Keys, sync_redis: redis.Redis) -> None:
     assert not healthcheck.check_heartbeat(sync_redis, keys, "e0", 5.0)
     sync_redis.hset(keys.engine_info("e0"), "heartbeat_ms", int(time.time() * 1000))

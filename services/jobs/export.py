@@ -9,8 +9,10 @@ Exactly once, even when the task runs twice at once, is retried after a crash, o
 * A lease (``lock_key``: a random token, ``SET NX PX``) lets one export run at a time; a second run
   returns at once with ``busy=True``.
 * After each batch is appended and fsynced, one Lua script checks the lease is still ours, records the
-  stream's cursor and renews the lease (``cursor_key``: HASH stream key -> JSON
-  ``{"last_id": <last exported stream id>, "bytes": <file size after that batch>}``).
+  stream's cursor and renews the lease (``cursor_key``: HASH stream key -> JSON ``{"last_id": <last
+  exported stream id>, "bytes": <file size after that batch>, "seen": <entries accounted for>}``).
+* Rows the capped stream dropped before they were exported are counted (Redis 7 ``entries-added``) and
+  logged as lost, once.
 * A run that died between the append and the cursor leaves bytes past the recorded size: the next run
   truncates the file back to the recorded size and reads those rows from the stream again.
 """
@@ -124,12 +126,19 @@ def lease(r: redis.Redis, key: str, lease_ms: int) -> Iterator[str]:
         r.eval(_RELEASE, 1, key, token)
 
 
-def _read_cursor(r: redis.Redis, keys: Keys, stream: str) -> tuple[str, int | None]:
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    last_id: str = "0-0"  # last stream entry exported (or skipped)
+    bytes: int | None = None  # file size right after it; None before the first export
+    seen: int = 0  # stream entries accounted for so far: exported, skipped or reported lost
+
+    def to_json(self) -> str:
+        return json.dumps({"last_id": self.last_id, "bytes": self.bytes, "seen": self.seen})
+
+
+def _read_cursor(r: redis.Redis, keys: Keys, stream: str) -> Cursor:
     raw = r.hget(cursor_key(keys), stream)
-    if raw is None:
-        return "0-0", None
-    d = json.loads(raw)
-    return str(d["last_id"]), int(d["bytes"])
+    return Cursor(**json.loads(raw)) if raw else Cursor()
 
 
 def _reconcile(path: Path, recorded: int | None) -> int:
@@ -145,15 +154,6 @@ def _reconcile(path: Path, recorded: int | None) -> int:
         "%s is shorter than exported (%d < %d bytes): rotated by hand? appending", path, size, recorded
     )
     return 0
-
-
-def _warn_if_trimmed(r: redis.Redis, stream: str, last_id: str) -> None:
-    info = r.xinfo_stream(stream)
-    deleted = str(info.get("max-deleted-entry-id") or "0-0")
-    if _id_tuple(deleted) > _id_tuple(last_id):
-        log.warning(
-            "%s was trimmed past the export cursor %s (up to %s): rows lost", stream, last_id, deleted
-        )
 
 
 def _id_tuple(stream_id: str) -> tuple[int, int]:
@@ -172,37 +172,44 @@ def export_stream(
     lease_ms: int,
 ) -> StreamExport:
     """Append entries after the stream's cursor to ``path``, up to the entry that was newest at the start."""
-    last_id, recorded = _read_cursor(r, keys, stream)
-    truncated = _reconcile(path, recorded)
-    newest = r.xrevrange(stream, count=1)
+    cur = _read_cursor(r, keys, stream)
+    truncated = _reconcile(path, cur.bytes)
+    if not r.exists(stream):
+        return StreamExport(stream, str(path), 0, 0, truncated)
+    info = r.xinfo_stream(stream)
+    # One snapshot: the run stops at the entry that was last now (rows arriving meanwhile wait for the next
+    # run), and entries-added counts every entry up to it, so rows trimmed before export can be counted.
+    end, added = str(info["last-generated-id"]), int(info["entries-added"])
     rows = skipped = 0
-    if newest:
-        if last_id != "0-0":
-            _warn_if_trimmed(r, stream, last_id)
-        end = str(newest[0][0])  # bound the run: rows arriving meanwhile wait for the next one
-        path.parent.mkdir(parents=True, exist_ok=True)
-        while _id_tuple(last_id) < _id_tuple(end):
-            entries = r.xrange(stream, min=f"({last_id}", max=end, count=batch)
-            if not entries:
-                break
-            lines = []
-            for entry_id, fields in entries:
-                try:
-                    lines.append(to_line({str(k): str(v) for k, v in (fields or {}).items()}) + "\n")
-                except (KeyError, TypeError, ValueError) as e:
-                    skipped += 1
-                    log.warning("skipping entry %s of %s: %r", entry_id, stream, e)
-            with path.open("ab") as f:
-                f.write("".join(lines).encode())
-                f.flush()
-                os.fsync(f.fileno())
-                size = f.tell()
-            last_id = str(entries[-1][0])
-            value = json.dumps({"last_id": last_id, "bytes": size})
-            if not r.eval(_COMMIT, 2, lock_key(keys), cursor_key(keys), token, lease_ms, stream, value):
-                raise LeaseLost(stream)
-            rows += len(lines)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while _id_tuple(cur.last_id) < _id_tuple(end):
+        entries = r.xrange(stream, min=f"({cur.last_id}", max=end, count=batch)
+        if not entries:
+            break
+        lines = []
+        for entry_id, fields in entries:
+            try:
+                lines.append(to_line({str(k): str(v) for k, v in (fields or {}).items()}) + "\n")
+            except (KeyError, TypeError, ValueError) as e:
+                skipped += 1
+                log.warning("skipping entry %s of %s: %r", entry_id, stream, e)
+        with path.open("ab") as f:
+            f.write("".join(lines).encode())
+            f.flush()
+            os.fsync(f.fileno())
+            size = f.tell()
+        cur = Cursor(str(entries[-1][0]), size, cur.seen + len(entries))
+        _commit(r, keys, token, lease_ms, stream, cur)
+        rows += len(lines)
+    if added > cur.seen:
+        log.warning("%s: %d rows were trimmed from the stream before export: lost", stream, added - cur.seen)
+        _commit(r, keys, token, lease_ms, stream, Cursor(cur.last_id, cur.bytes, added))
     return StreamExport(stream, str(path), rows, skipped, truncated)
+
+
+def _commit(r: redis.Redis, keys: Keys, token: str, lease_ms: int, stream: str, cur: Cursor) -> None:
+    if not r.eval(_COMMIT, 2, lock_key(keys), cursor_key(keys), token, lease_ms, stream, cur.to_json()):
+        raise LeaseLost(stream)
 
 
 def export_traces(r: redis.Redis, keys: Keys, traces_dir: Path, batch: int, lease_s: float) -> ExportReport:
