@@ -85,6 +85,7 @@ class SimulatedEngine:
         # Instrument readings, for tests and benchmarks.
         self.steps = 0
         self.max_batch_seen = 0
+        self.late_steps = 0  # steps that started over _MAX_LAG_S late: the clock was not kept
         self.admission_log: deque[str] = deque(maxlen=4096)
 
     async def start(self) -> None:
@@ -206,6 +207,17 @@ class SimulatedEngine:
                 lag = loop.time() - due
                 if lag > _MAX_LAG_S:
                     due = loop.time()
+                    self.late_steps += 1
+                    if self.late_steps % 1000 == 1:
+                        log.warning(
+                            "simulated engine (a measuring instrument) %s runs %.0f ms behind its profile "
+                            "(%d late steps): the host cannot keep up at time_scale=%g, so measured "
+                            "throughput is lower than the profile's",
+                            self.model,
+                            lag * 1000,
+                            self.late_steps,
+                            self.time_scale,
+                        )
                 await asyncio.sleep(max(0.0, due - loop.time()))
                 self.steps += 1
                 for seq in batch:
