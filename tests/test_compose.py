@@ -204,3 +204,10 @@ def test_dockerfile_targets_pins_and_user() -> None:
         block = text.split(f" AS {target}\n", 1)[1].split("\nFROM ", 1)[0]
         users = re.findall(r"^USER (\S+)$", block, re.M)
         assert users and users[-1] not in {"root", "0"}, f"target {target} runs as root"
+
+
+def test_compose_runs_every_service_the_launcher_starts() -> None:
+    started = set(re.findall(r'"(services\.\w+)"', (ROOT / "services/launcher/stack.py").read_text()))
+    assert started, "the launcher names no service module any more: update this test"
+    in_compose = {module_of(s) for s in SERVICES.values()}
+    assert started <= in_compose, f"chimera up starts {sorted(started - in_compose)}, compose does not"
