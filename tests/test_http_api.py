@@ -241,3 +241,33 @@ def test_identity_headers_win_over_metadata() -> None:
     fresh = resolve_identity({}, None)
     assert fresh.one_shot and fresh.stage == 0 and fresh.workflow == "default"
     assert resolve_identity({"x-chimera-program-id": "p"}, None).stage is None
+
+
+async def _wait_state(h: Http, engine: str, rid: str, state: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await h.redis.hget(h.keys.request(engine, rid), "state") == state:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{rid} never reached {state}")
+
+
+async def test_a_caller_that_goes_away_cancels_its_request(http: Http) -> None:
+    body = {"model": "auto", "messages": [{"role": "user", "content": "hold it"}]}
+    async with httpx.AsyncClient(base_url=http.base_url, timeout=1.0) as raw:
+        with pytest.raises(httpx.ReadTimeout):
+            await raw.post("/chat/completions", json=body, headers={"X-Chimera-Request-Id": "gone-1"})
+        await _wait_state(http, "e1", "gone-1", "cancelled")
+        headers = {"X-Chimera-Request-Id": "gone-2"}
+        async with raw.stream(
+            "POST", "/chat/completions", json={**body, "stream": True}, headers=headers
+        ) as r:
+            assert r.status_code == 200
+            first = await anext(r.aiter_lines())
+            assert (
+                first.startswith("data: ")
+                and json.loads(first[6:])["choices"][0]["delta"]["role"] == "assistant"
+            )
+        await _wait_state(http, "e1", "gone-2", "cancelled")
+    # Both were one-stage workflows: their programs are gone too.
+    assert [k async for k in http.redis.scan_iter(match=http.keys.program_pattern())] == []
