@@ -42,8 +42,23 @@ def start_private_redis(workdir: Path, timeout_s: float = 10.0) -> PrivateRedis:
     sock = workdir / "redis.sock"
     sock.unlink(missing_ok=True)
     proc = subprocess.Popen(
-        [binary, "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700", "--save", "",
-         "--appendonly", "no", "--dir", str(workdir), "--maxclients", "4000"],
+        [
+            binary,
+            "--port",
+            "0",
+            "--unixsocket",
+            str(sock),
+            "--unixsocketperm",
+            "700",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+            "--maxclients",
+            "4000",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
