@@ -1,0 +1,104 @@
+"""``chimera train router|predictor``: fit a new artifact version from traces and make it current.
+
+Running services hot-reload it (they watch ``CURRENT``), so retraining never restarts anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from redis.asyncio import Redis
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from services.common.keys import Keys
+from services.common.tracestore import (
+    read_outcomes_jsonl,
+    read_outcomes_redis,
+    read_traces_jsonl,
+    read_traces_redis,
+)
+from services.common.types import OutcomeRow, TraceRow
+
+app = typer.Typer(no_args_is_help=True, help=__doc__)
+console = Console(width=160)
+
+TracesOpt = Annotated[
+    Path | None,
+    typer.Option("--traces", help="folder of traces*.jsonl and outcomes.jsonl (exported or generated)"),
+]
+RedisOpt = Annotated[
+    str | None, typer.Option("--redis-url", help="read the live system's trace streams from this Redis")
+]
+ArtifactsOpt = Annotated[Path, typer.Option("--artifacts", help="artifacts root shared by both services")]
+BackendOpt = Annotated[str | None, typer.Option("--backend", help="backend name (default: the best one)")]
+
+
+def _load(
+    traces_dir: Path | None, redis_url: str | None, prefix: str
+) -> tuple[list[TraceRow], list[OutcomeRow]]:
+    if (traces_dir is None) == (redis_url is None):
+        raise typer.BadParameter("give exactly one of --traces or --redis-url")
+    if traces_dir is not None:
+        traces = [r for p in sorted(traces_dir.glob("traces*.jsonl")) for r in read_traces_jsonl(p)]
+        out = traces_dir / "outcomes.jsonl"
+        return traces, read_outcomes_jsonl(out) if out.exists() else []
+
+    async def from_redis() -> tuple[list[TraceRow], list[OutcomeRow]]:
+        client = Redis.from_url(str(redis_url), decode_responses=True)
+        try:
+            keys = Keys(prefix)
+            return await read_traces_redis(client, keys), await read_outcomes_redis(client, keys)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(from_redis())
+
+
+def _progress() -> Progress:
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console)
+
+
+@app.command()
+def router(
+    traces: TracesOpt = None,
+    redis_url: RedisOpt = None,
+    key_prefix: str = "chimera",
+    artifacts: ArtifactsOpt = Path(".chimera/artifacts"),
+    backend: BackendOpt = None,
+) -> None:
+    """Train the router (per-model success confidence) from traces joined with workflow outcomes."""
+    from services.router.training import train_router
+
+    with _progress() as progress:
+        task = progress.add_task("reading traces", total=None)
+        rows, outcomes = _load(traces, redis_url, key_prefix)
+        progress.update(task, description=f"training on {len(outcomes)} workflows ({len(rows)} stages)")
+        kwargs = {"backend": backend} if backend else {}
+        meta = train_router(rows, outcomes, artifacts, **kwargs)  # type: ignore[arg-type]
+    console.print(f"router {meta.version} ({meta.backend}) is current; held-out metrics:")
+    console.print_json(data=meta.metrics)
+
+
+@app.command()
+def predictor(
+    traces: TracesOpt = None,
+    redis_url: RedisOpt = None,
+    key_prefix: str = "chimera",
+    artifacts: ArtifactsOpt = Path(".chimera/artifacts"),
+    backend: BackendOpt = None,
+) -> None:
+    """Train the length predictor (remaining workflow tokens) from stage traces."""
+    from services.predictor.training import train_predictor
+
+    with _progress() as progress:
+        task = progress.add_task("reading traces", total=None)
+        rows, _ = _load(traces, redis_url, key_prefix)
+        progress.update(task, description=f"training on {len(rows)} stages")
+        kwargs = {"backend": backend} if backend else {}
+        meta = train_predictor(rows, artifacts, **kwargs)  # type: ignore[arg-type]
+    console.print(f"predictor {meta.version} ({meta.backend}) is current; held-out metrics:")
+    console.print_json(data=meta.metrics)
