@@ -1,10 +1,10 @@
-"""A planner -> coder -> reviewer workflow through Chimera's async SDK.
+"""A planner -> coder -> QA -> coder workflow through Chimera's async SDK.
 
 Run ``chimera up`` in one terminal, then::
 
     .venv/bin/python examples/code_workflow.py --addr 127.0.0.1:50051
 
-All three stages carry one program id, so the dispatcher keeps them on one model (the context lives there);
+All four stages carry one program id, so the dispatcher keeps them on one model (the context lives there);
 the outcome (does the code parse?) goes back with EndProgram as a training label for the router.
 """
 
@@ -38,7 +38,7 @@ def parses(code: str) -> bool:
 async def run(addr: str, model: str = "auto", max_tokens: int = 256) -> float:
     """Run one workflow; returns its outcome (1.0 if the final code parses)."""
     sampling = Sampling(max_tokens=max_tokens, temperature=0.0)
-    async with AsyncClient(addr) as client, client.workflow("code/planner-coder-reviewer", model=model) as wf:
+    async with AsyncClient(addr) as client, client.workflow("code/planner-coder-qa-coder", model=model) as wf:
         plan = await wf.run_stage(
             [("system", "You are a planner. List the steps, briefly."), ("user", TASK)], sampling=sampling
         )
@@ -60,18 +60,27 @@ async def run(addr: str, model: str = "auto", max_tokens: int = 256) -> float:
         sys.stdout.write("\n")
         review = await wf.run_stage(
             [
-                ("system", "You are a reviewer. Point out bugs."),
+                ("system", "You are QA. Point out bugs and missing cases."),
                 *history,
                 ("assistant", code),
                 ("user", "Review the code."),
             ],
             sampling=sampling,
         )
-        outcome = 1.0 if parses(extract_code(code)) else 0.0
+        fixed = await wf.run_stage(
+            [
+                ("system", "You are a coder. Answer with one Python code block."),
+                *history,
+                ("assistant", code),
+                ("user", f"A reviewer says:\n{review.text}\nFix the code."),
+            ],
+            sampling=sampling,
+        )
+        outcome = 1.0 if parses(extract_code(fixed.text)) else 0.0
         wf.set_outcome(outcome)
         sys.stdout.write(
-            f"[{wf.program_id}] review on {review.model}/{review.engine}, "
-            f"queue wait {review.queue_wait_s:.3f}s; outcome {outcome}\n"
+            f"[{wf.program_id}] {len(wf.completions)} stages on {fixed.model}/{fixed.engine}, "
+            f"last queue wait {fixed.queue_wait_s:.3f}s; outcome {outcome}\n"
         )
     return outcome
 

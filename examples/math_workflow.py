@@ -1,10 +1,10 @@
-"""A solver -> verifier workflow through Chimera's blocking SDK.
+"""A planner -> solver workflow through Chimera's blocking SDK.
 
 Run ``chimera up`` in one terminal, then::
 
     .venv/bin/python examples/math_workflow.py --addr 127.0.0.1:50051
 
-The verifier sees the solver's answer; the outcome (is the final number right?) goes back with EndProgram.
+The solver sees the planner's plan; the outcome (is the final number right?) goes back with EndProgram.
 """
 
 from __future__ import annotations
@@ -28,24 +28,24 @@ def last_number(text: str) -> int | None:
 def run(addr: str, model: str = "auto", max_tokens: int = 256) -> float:
     """Run one workflow; returns its outcome (1.0 if the verified answer is right)."""
     sampling = Sampling(max_tokens=max_tokens, temperature=0.0)
-    with Client(addr) as client, client.workflow("math/solver-verifier", model=model) as wf:
-        solution = wf.run_stage([("system", "Solve step by step."), ("user", PROBLEM)], sampling=sampling)
-        verdict = wf.run_stage(
+    with Client(addr) as client, client.workflow("math/planner-solver", model=model) as wf:
+        plan = wf.run_stage(
+            [("system", "Plan the solution; do not solve."), ("user", PROBLEM)], sampling=sampling
+        )
+        solution = wf.run_stage(
             [
-                ("system", "Check the solution; end with the corrected final number."),
+                ("system", "Follow the plan; end with the final number."),
                 ("user", PROBLEM),
-                ("assistant", solution.text),
-                ("user", "Is it right?"),
+                ("assistant", plan.text),
+                ("user", "Solve it."),
             ],
             sampling=sampling,
         )
-        answer = last_number(verdict.text)
-        if answer is None:
-            answer = last_number(solution.text)
+        answer = last_number(solution.text)
         outcome = 1.0 if answer == ANSWER else 0.0
         wf.set_outcome(outcome)
         sys.stdout.write(
-            f"[{wf.program_id}] {len(wf.completions)} stages on {verdict.model}/{verdict.engine}; "
+            f"[{wf.program_id}] {len(wf.completions)} stages on {solution.model}/{solution.engine}; "
             f"answer {answer} (expected {ANSWER}); outcome {outcome}\n"
         )
     return outcome

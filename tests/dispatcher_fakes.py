@@ -3,15 +3,19 @@
 ``FakeRouterServicer`` and ``FakePredictorServicer`` answer the real protos on real ports; ``fake_worker``
 drives the real QueueStore the way a worker does (claim, deltas, complete, renew/cancel) but produces canned
 text instead of running an engine. ``fake_dependencies`` starts both fakes; ``dispatcher_server`` runs the
-real Dispatcher and its gRPC server against them.
+real Dispatcher and its gRPC server against them. ``simulated_stack`` is the other end: every service as a
+real process, over simulated engines.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
-from collections.abc import AsyncIterator, Callable
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 
 import grpc
 from redis.asyncio import Redis
@@ -26,6 +30,9 @@ from services.dispatcher.clients import PredictorClient, RouterClient
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.dispatch import Dispatcher
 from services.dispatcher.server import DispatcherServer
+from services.launcher.config import LauncherSettings
+from services.launcher.pool import EngineSpec, PoolSpec
+from services.launcher.stack import Stack, running_stack
 
 ENGINES = {"e0": ("m-small", 5.0, 16), "e1": ("m-big", 20.0, 8)}
 CONFIDENCE = {"m-small": 0.2, "m-big": 0.9}
@@ -151,3 +158,36 @@ async def dispatcher_server(
             yield server
         finally:
             await server.stop()
+
+
+@contextlib.contextmanager
+def simulated_stack(tmp_path: Path, max_num_seqs: int = 4) -> Iterator[Stack]:
+    """The whole stack as real processes (``chimera up``'s launcher) over two simulated engines that run
+    ten times faster than their profile; every port is a free one."""
+    profile = {"decode_ms_per_token": 33.0, "max_batch_size": 4, "step_ms": [[1, 33.0], [16, 51.6]]}
+
+    def engine(eid: str, model: str, slow: float) -> EngineSpec:
+        p = dict(profile, decode_ms_per_token=33.0 * slow, step_ms=[[1, 33.0 * slow], [16, 51.6 * slow]])
+        env = {"time_scale": "10", "profile_json": json.dumps(p)}
+        return EngineSpec(id=eid, model=model, kind="simulated", max_num_seqs=max_num_seqs, env=env)
+
+    pool = PoolSpec(
+        engines=(
+            engine("small", "Qwen/Qwen2.5-1.5B-Instruct", 1.0),
+            engine("large", "Qwen/Qwen2.5-7B-Instruct", 3.0),
+        )
+    )
+    settings = LauncherSettings(
+        redis_url=None,
+        state_dir=tmp_path,
+        key_prefix=f"e2e{uuid.uuid4().hex[:6]}",
+        dispatcher_port=0,
+        http_port=0,
+        router_port=0,
+        predictor_port=0,
+        bootstrap_workflows=300,
+        embedded_corpus=True,
+        start_timeout_s=120,
+    )
+    with running_stack(settings, pool) as stack:
+        yield stack

@@ -11,12 +11,20 @@ import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from dispatcher_fakes import dispatcher_server, fake_dependencies, fake_workers, register_engines
+import redis
+from dispatcher_fakes import (
+    dispatcher_server,
+    fake_dependencies,
+    fake_workers,
+    register_engines,
+    simulated_stack,
+)
 from redis.asyncio import Redis
 
 from services.common.keys import Keys
@@ -271,3 +279,54 @@ async def test_a_caller_that_goes_away_cancels_its_request(http: Http) -> None:
         await _wait_state(http, "e1", "gone-2", "cancelled")
     # Both were one-stage workflows: their programs are gone too.
     assert [k async for k in http.redis.scan_iter(match=http.keys.program_pattern())] == []
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(150)
+def test_e2e_openai_client_runs_a_three_stage_workflow_against_the_stack(tmp_path: Path) -> None:
+    with simulated_stack(tmp_path) as stack:
+        client = openai.OpenAI(
+            base_url=f"http://{stack.http_addr}/v1", api_key="unused", max_retries=0, timeout=60
+        )
+        assert [m.id for m in client.models.list().data][0] == "auto"
+        placed = []
+        for stage in range(3):
+            headers = {
+                "X-Chimera-Program-Id": "e2e-wf",
+                "X-Chimera-Stage": str(stage),
+                "X-Chimera-Workflow": "code/planner-coder",
+                "X-Chimera-Request-Id": f"e2e-s{stage}",
+            }
+            messages: list[Any] = [
+                {"role": "user", "content": f"stage {stage}: write a function that sorts a list"}
+            ]
+            if stage == 1:
+                with client.chat.completions.with_streaming_response.create(
+                    model="auto",
+                    messages=messages,
+                    max_tokens=48,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    extra_headers=headers,
+                ) as raw:
+                    engine = raw.headers["x-chimera-engine"]
+                    chunks = list(raw.parse())
+                text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+                usage = chunks[-1].usage
+                assert usage is not None and usage.completion_tokens > 0 and text
+                placed.append((chunks[-1].model, engine))
+            else:
+                resp = client.chat.completions.create(
+                    model="auto", messages=messages, max_tokens=48, extra_headers=headers
+                )
+                assert resp.choices[0].message.content and resp.model_extra is not None
+                placed.append((resp.model, resp.model_extra["chimera"]["engine"]))
+        assert len(set(placed)) == 1
+        engine = placed[0][1]
+        r = redis.Redis.from_url(stack.redis_url, decode_responses=True)
+        try:
+            keys = Keys(stack.key_prefix)
+            programs = {r.hget(keys.request(engine, f"e2e-s{i}"), "program_id") for i in range(3)}
+            assert programs == {"e2e-wf"}
+        finally:
+            r.close()
