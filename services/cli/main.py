@@ -84,3 +84,11 @@ def demo(
         runs = asyncio.run(go())
     failed = print_report(console, runs)
     raise typer.Exit(1 if failed else 0)
+
+
+@app.command()
+def knobs() -> None:
+    """Print every configuration knob (environment variable, default, meaning) as a Markdown table."""
+    from services.cli.knobs import markdown
+
+    typer.echo(markdown())

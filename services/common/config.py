@@ -25,7 +25,11 @@ class CommonSettings(BaseSettings):
         validation_alias=AliasChoices("CHIMERA_KEY_PREFIX", "key_prefix"),
         description="prefix of every Redis key",
     )
-    log_level: str = Field(default="INFO", validation_alias=AliasChoices("CHIMERA_LOG_LEVEL", "log_level"))
+    log_level: str = Field(
+        default="INFO",
+        validation_alias=AliasChoices("CHIMERA_LOG_LEVEL", "log_level"),
+        description="DEBUG, INFO, WARNING or ERROR",
+    )
 
     @field_validator("redis_url")
     @classmethod

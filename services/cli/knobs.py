@@ -1,0 +1,72 @@
+"""Every configuration knob of every service, read from the settings classes themselves.
+
+``chimera knobs`` prints them as the Markdown table the README carries, and a test checks that the README
+names every one, so documentation cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from pydantic import AliasChoices
+from pydantic_settings import BaseSettings
+
+# (service, module, class): one row group per service, shared knobs first.
+SETTINGS: tuple[tuple[str, str, str], ...] = (
+    ("all services", "services.common.config", "CommonSettings"),
+    ("dispatcher", "services.dispatcher.config", "DispatcherSettings"),
+    ("router", "services.router.config", "RouterSettings"),
+    ("predictor", "services.predictor.config", "PredictorSettings"),
+    ("worker", "services.worker.config", "WorkerSettings"),
+    ("jobs", "services.jobs.config", "JobsSettings"),
+    ("launcher", "services.launcher.config", "LauncherSettings"),
+    ("workload", "services.workload.config", "WorkloadSettings"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    service: str
+    env: str
+    default: str
+    description: str
+
+
+def _env_name(cls: type[BaseSettings], name: str) -> str:
+    field = cls.model_fields[name]
+    alias = field.validation_alias
+    if isinstance(alias, AliasChoices):
+        return str(alias.choices[0])
+    if isinstance(alias, str):
+        return alias
+    prefix = str(cls.model_config.get("env_prefix", ""))
+    return f"{prefix}{name}".upper()
+
+
+def _show(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+def knobs() -> Iterator[Knob]:
+    seen: set[str] = set()
+    for service, module, name in SETTINGS:
+        cls = getattr(importlib.import_module(module), name)
+        for field_name, field in cls.model_fields.items():
+            env = _env_name(cls, field_name)
+            if env in seen:
+                continue  # a shared knob, listed once under "all services"
+            seen.add(env)
+            default = (
+                "(required)" if field.is_required() else _show(field.get_default(call_default_factory=True))
+            )
+            yield Knob(service, env, default, (field.description or "").replace("|", "\\|"))
+
+
+def markdown() -> str:
+    lines = ["| service | environment variable | default | meaning |", "|---|---|---|---|"]
+    lines += [
+        f"| {k.service} | `{k.env}` | {k.default and f'`{k.default}`'} | {k.description} |" for k in knobs()
+    ]
+    return "\n".join(lines)
