@@ -12,9 +12,10 @@ import json
 import re
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import pytest
-from dispatcher_fakes import CONFIDENCE, register_engines
+from dispatcher_fakes import CONFIDENCE, register_engines, simulated_stack
 from redis.asyncio import Redis
 from typer.testing import CliRunner
 
@@ -27,7 +28,9 @@ from services.dispatcher.dispatch import Dispatched, Dispatcher
 from services.dispatcher.policy import engine_load_ms
 from services.inspect.cli import app
 from services.inspect.explain import RequestNotFound, explain
-from services.inspect.queue_view import queue_view
+from services.inspect.queue_view import QueueView, queue_view
+from services.launcher.stack import Stack
+from services.sdk import AsyncClient, Completion, Sampling
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 AGING = 20.0
@@ -220,3 +223,78 @@ def test_cli_queue_and_explain(
     assert out.exit_code == 0 and "pinned" in out.output and "r-short" in out.output  # r-short is ahead
     out = runner.invoke(app, ["explain", "nope"])
     assert out.exit_code == 1
+
+
+TASKS = (
+    ("code/coder", "Write a one-line function that adds two numbers."),
+    (
+        "math/solver",
+        "Prove that there are infinitely many primes, then find all integer solutions of x^2 - 2y^2 = 1 "
+        "with a detailed derivation of the recurrence, and compute the first ten of them.",
+    ),
+    (
+        "code/coder",
+        "Implement a complete JSON parser with error recovery, streaming input, unicode escapes, "
+        "and a test suite covering every branch.",
+    ),
+    ("math/solver", "What is 2 + 2?"),
+)
+
+
+async def _load_and_snapshot(stack: Stack, n: int) -> tuple[QueueView, list[Completion]]:
+    """Run ``n`` one-stage workflows at once; return the first queue view with a real queue in it."""
+    redis = Redis.from_url(stack.redis_url, decode_responses=True)
+    keys = Keys(stack.key_prefix)
+    snapshot: QueueView | None = None
+    try:
+        async with AsyncClient(stack.dispatcher_addr, default_timeout_s=60) as client:
+
+            async def one(i: int) -> Completion:
+                async with client.workflow("code/coder", program_id=f"load-{i}") as wf:
+                    return await wf.run_stage(
+                        f"task {i}: write a parser for {i} formats", sampling=Sampling(64)
+                    )
+
+            tasks = [asyncio.create_task(one(i)) for i in range(n)]
+            deadline = time.monotonic() + 30
+            while snapshot is None and time.monotonic() < deadline and not all(t.done() for t in tasks):
+                view = await queue_view(redis, keys)
+                if any(e.waiting_total >= 3 for e in view.engines):
+                    snapshot = view
+                await asyncio.sleep(0.01)
+            done = await asyncio.gather(*tasks)
+    finally:
+        await redis.aclose()
+    assert snapshot is not None, "no engine ever had three requests waiting"
+    return snapshot, list(done)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(150)
+def test_e2e_queue_view_order_is_the_order_workers_claim_and_explain_matches(tmp_path: Path) -> None:
+    with simulated_stack(tmp_path, max_num_seqs=1) as stack:
+        snapshot, done = asyncio.run(_load_and_snapshot(stack, 16))
+
+        async def check() -> None:
+            redis = Redis.from_url(stack.redis_url, decode_responses=True)
+            keys = Keys(stack.key_prefix)
+            try:
+                for e in snapshot.engines:
+                    claimed = [
+                        float(
+                            await redis.hget(keys.request(e.engine, w.request_id), "t_first_claim") or "nan"
+                        )
+                        for w in e.waiting
+                    ]
+                    # Later arrivals may cut in, but among what the view listed, workers claimed in its order.
+                    assert all(t == t for t in claimed) and claimed == sorted(claimed), (e.engine, claimed)
+                for c in done:
+                    ex = await explain(redis, keys, c.request_id)
+                    assert (ex.engine, ex.model, ex.state, ex.position) == (c.engine, c.model, "done", None)
+                    assert ex.recheck is not None and ex.recheck.consistent and ex.recheck.engine == c.engine
+                    assert ex.predicted_tokens == c.predicted_tokens
+            finally:
+                await redis.aclose()
+
+        asyncio.run(check())
+    assert sum(e.waiting_total for e in snapshot.engines) >= 3
