@@ -16,18 +16,27 @@ from pathlib import Path
 
 import pytest
 from dispatcher_fakes import CONFIDENCE, register_engines, simulated_stack
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from redis.asyncio import Redis
 from typer.testing import CliRunner
 
 from services.common.keys import Keys
 from services.common.queue import QueueStore
 from services.common.redis_proc import PrivateRedis
-from services.common.types import ChatMessage, Prediction, SamplingParams, StageRequest
+from services.common.types import (
+    ChatMessage,
+    EngineProfile,
+    EngineSnapshot,
+    Prediction,
+    SamplingParams,
+    StageRequest,
+)
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.dispatch import Dispatched, Dispatcher
-from services.dispatcher.policy import engine_load_ms
+from services.dispatcher.policy import engine_load_ms, select_engine
 from services.inspect.cli import app
-from services.inspect.explain import RequestNotFound, explain
+from services.inspect.explain import RequestNotFound, candidates_from_record, explain, recheck
 from services.inspect.queue_view import QueueView, queue_view
 from services.launcher.stack import Stack
 from services.sdk import AsyncClient, Completion, Sampling
@@ -298,3 +307,35 @@ def test_e2e_queue_view_order_is_the_order_workers_claim_and_explain_matches(tmp
 
         asyncio.run(check())
     assert sum(e.waiting_total for e in snapshot.engines) >= 3
+
+
+_engine_st = st.tuples(
+    st.sampled_from(["m-a", "m-b", "m-c"]),
+    st.floats(1.0, 50.0),
+    st.integers(1, 32),
+    st.integers(0, 5000),
+    st.booleans(),
+)
+
+
+@pytest.mark.unit
+@settings(max_examples=300, deadline=None)
+@given(
+    engines=st.lists(_engine_st, min_size=1, max_size=5),
+    conf=st.dictionaries(st.sampled_from(["m-a", "m-b", "m-c"]), st.floats(0.0, 1.0)),
+    tau=st.sampled_from([0.0, 0.25, 0.5, 2.0, float("inf")]),
+    delta_s=st.sampled_from([0.0, 0.05, 0.3]),
+)
+def test_recheck_reproduces_select_engine_from_its_record(
+    engines: list[tuple[str, float, int, int, bool]], conf: dict[str, float], tau: float, delta_s: float
+) -> None:
+    snaps = [
+        EngineSnapshot(f"e{i}", model, EngineProfile(ms, batch), load, alive=alive or i == 0)
+        for i, (model, ms, batch, load, alive) in enumerate(engines)
+    ]
+    sel = select_engine(snaps, conf, tau, delta_s)
+    # Through JSON, as the record is stored, and back through explain's reader.
+    candidates = candidates_from_record(json.loads(json.dumps(sel.to_record())))
+    check = recheck(candidates, float(sel.to_record()["tau"]), delta_s, sel.engine_id)
+    assert check.consistent and check.engine == sel.engine_id and check.fast_engine == sel.fast_engine
+    assert [c.engine for c in candidates if c.chosen] == [sel.engine_id]

@@ -111,7 +111,8 @@ def recheck(candidates: Sequence[Candidate], tau: float, delta_s: float, recorde
     return Recheck(winner.engine, fast.engine, bound, need, consistent)
 
 
-def _candidates(selection: Mapping[str, Any]) -> tuple[Candidate, ...]:
+def candidates_from_record(selection: Mapping[str, Any]) -> tuple[Candidate, ...]:
+    """Algorithm 1's scan as the decision record (``Selection.to_record``) stored it."""
     fast, chosen = selection.get("fast_engine"), selection.get("engine")
     return tuple(
         Candidate(
@@ -195,7 +196,7 @@ async def explain(
     d: dict[str, Any] = json.loads(h.get("decision") or "{}")
     payload: dict[str, Any] = json.loads(h.get("payload") or "{}")
     selection = d.get("selection") or {}
-    candidates = _candidates(selection)
+    candidates = candidates_from_record(selection)
     tau, delta_s = _num(d.get("tau"), math.nan), _num(d.get("delta_s"), math.nan)
     score, aging = _num(h.get("score")), _num(d.get("aging_rate"))
     t_enq = _num(h.get("t_enq"), t)
