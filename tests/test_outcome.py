@@ -61,9 +61,11 @@ def test_calibration_solves_every_target_exactly(model: OutcomeModel) -> None:
             assert cal.fitted_mean == pytest.approx(target.length_mean, rel=0.01)
             assert cal.fitted_std == pytest.approx(target.length_std, rel=0.01)
             assert cal.fitted_score == pytest.approx(target.score, abs=0.005)
-    # Small models reach their tails through runaways; 14B's spread is ordinary variation.
-    assert model.calibration("qwen2.5-1.5b", "math").runaway_rate > 0
-    assert model.calibration("qwen2.5-14b", "code").runaway_rate == 0
+    # Small models reach their tails through runaways; 14B's spread is (almost all) ordinary variation.
+    for domain in ("code", "math"):
+        small, large = model.calibration("qwen2.5-1.5b", domain), model.calibration("qwen2.5-14b", domain)
+        assert small.runaway_rate > 0
+        assert large.runaway_rate < 0.1 * small.runaway_rate
 
 
 @pytest.mark.unit
