@@ -30,7 +30,9 @@ from redis.asyncio import Redis
 from services.common.keys import Keys
 from services.common.queue import QueueStore
 from services.common.redis_proc import PrivateRedis
+from services.dispatcher import errors
 from services.dispatcher.http_api import HttpServer, OpenAIFrontDoor, resolve_identity
+from services.dispatcher.openai_schema import HTTP_ERRORS, domain_error
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -330,3 +332,25 @@ def test_e2e_openai_client_runs_a_three_stage_workflow_against_the_stack(tmp_pat
             assert programs == {"e2e-wf"}
         finally:
             r.close()
+
+
+@pytest.mark.unit
+def test_every_domain_error_has_its_own_http_status() -> None:
+    classes = [
+        c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.DispatchError)
+    ]
+    codes = {c.code for c in classes if c is not errors.RequestFailed}
+    assert codes <= set(HTTP_ERRORS)
+    statuses = {code: domain_error(code, "x")[0] for code in codes}
+    assert statuses == {
+        "INTERNAL": 500,
+        "INVALID_ARGUMENT": 400,
+        "RESOURCE_EXHAUSTED": 413,
+        "NOT_FOUND": 404,
+        "FAILED_PRECONDITION": 409,
+        "ALREADY_EXISTS": 409,
+        "UNAVAILABLE": 503,
+        "DEADLINE_EXCEEDED": 504,
+    }
+    # A worker's own failure code (RequestFailed) that has no entry is a server error, not a crash.
+    assert domain_error("DATA_LOSS", "")[0] == 500

@@ -147,3 +147,26 @@ def _load(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+async def _wait_state(s: Sdk, engine: str, rid: str, state: str, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while asyncio.get_running_loop().time() < deadline:
+        if await s.redis.hget(s.keys.request(engine, rid), "state") == state:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{rid} never reached {state}")
+
+
+async def test_abandoned_stage_is_cancelled_and_ending_cancels_a_running_one(sdk: Sdk) -> None:
+    async with sdk.client.workflow("code/coder") as wf:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(wf.run_stage("hold it", request_id="r-abandon"), 1.0)
+        await _wait_state(sdk, "e1", "r-abandon", "cancelled")
+        assert wf.stage == 0  # a failed stage does not advance; running it again is the same stage
+        running = asyncio.create_task(wf.run_stage("hold this too", request_id="r-end"))
+        await _wait_state(sdk, "e1", "r-end", "running")
+        end = await wf.end(outcome=0.0)
+        assert (end.found, end.cancelled_requests) == (True, 1)
+        assert (await asyncio.wait_for(running, 10)).finish_reason == "cancelled"
+    assert (await _outcomes(sdk))[wf.program_id] == 0.0
