@@ -9,7 +9,7 @@ import pytest
 
 from services.workload.corpus import Problem, embedded_corpus
 from services.workload.models import MODELS, UnknownModel, resolve_model, target_for
-from services.workload.outcome import MAX_GEN_TOKENS, OutcomeModel
+from services.workload.outcome import MAX_GEN_TOKENS, Outcome, OutcomeModel
 from services.workload.workflows import get_workflow, workflows_for
 
 # Paper §5: (mean, std) of total workflow output tokens.
@@ -34,7 +34,7 @@ def model(problems: tuple[Problem, ...]) -> OutcomeModel:
 
 def _draw(
     model: OutcomeModel, problems: tuple[Problem, ...], key: str, domain: str, n: int, seed: int
-) -> list:  # type: ignore[type-arg]
+) -> list[Outcome]:
     rng = random.Random(seed)
     pool = [p for p in problems if p.domain == domain]
     wfs = workflows_for(domain)
