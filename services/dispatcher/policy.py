@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from services.common.types import EngineSnapshot
+from services.dispatcher.baselines import fcfs_priority, mlfq_priority, plus_select, vllm_select
 from services.dispatcher.errors import NoLiveEngine
 
 # Boundary comparisons (L == bound, q == q_fast + delta_s) must pass as the paper's <= and >= say; float
@@ -200,6 +201,15 @@ class Policy:
 
 
 # Read-only on purpose: policies are chosen by name in config, never patched at run time.
+# The baselines (paper §8) and the improved rule: what each one's priority must be fed is documented in
+# ``services.dispatcher.baselines``.
 POLICIES: Mapping[str, Policy] = MappingProxyType(
-    {"chimera": Policy("chimera", select_engine, priority_score)},
+    {
+        "chimera": Policy("chimera", select_engine, priority_score),
+        "chimera-plus": Policy("chimera-plus", plus_select, priority_score),
+        "vllm": Policy("vllm", vllm_select, fcfs_priority),
+        "vllm-stjf": Policy("vllm-stjf", vllm_select, priority_score),
+        "ltr": Policy("ltr", vllm_select, priority_score),
+        "mlfq": Policy("mlfq", vllm_select, mlfq_priority),
+    },
 )
