@@ -159,6 +159,13 @@ def test_model_names_resolve_and_unknown_ones_fail() -> None:
         resolve_model("gpt-4")
     with pytest.raises(ValueError):
         OutcomeModel([])
+    corpus = embedded_corpus()
+    code, maths = corpus.by_domain("code"), corpus.by_domain("math")
+    only_code = OutcomeModel(code, models=["qwen7b"])
+    with pytest.raises(UnknownModel):  # no math problem to calibrate on
+        only_code.sample(maths[0], get_workflow("math/solver"), "qwen2.5-7b", 0)
+    with pytest.raises(UnknownModel):  # a known model, but not one this instance was built for
+        only_code.sample(code[0], get_workflow("code/coder"), "llama3b", 0)
 
 
 @pytest.mark.unit

@@ -84,7 +84,7 @@ import numpy.typing as npt
 
 from services.common.tokens import approx_tokens
 from services.workload.corpus import Problem
-from services.workload.models import MODELS, ModelSpec, Target, resolve_model, target_for
+from services.workload.models import MODELS, ModelSpec, Target, UnknownModel, resolve_model, target_for
 from services.workload.workflows import Workflow, workflows_for
 
 F64 = npt.NDArray[np.float64]
@@ -343,6 +343,10 @@ class OutcomeModel:
         if workflow.domain != problem.domain:
             raise ValueError(f"workflow {workflow.name} does not fit a {problem.domain} problem")
         spec = resolve_model(model)
+        if (spec.key, problem.domain) not in self._cal:
+            raise UnknownModel(
+                f"{spec.key} on {problem.domain} was not calibrated here (models: {self.models})"
+            )
         cal = self._cal[spec.key, problem.domain]
         terms = self._terms(problem, spec)
         weights = np.array(ROLE_WEIGHT[workflow.name])
