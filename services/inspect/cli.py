@@ -77,6 +77,9 @@ def _engine_tables(console: Console, e: EngineQueue) -> None:
     )
     more = f" (first {len(e.waiting)})" if e.waiting_total > len(e.waiting) else ""
     console.print(_waiting_table(f"waiting: {e.waiting_total}{more}, served top first", e.waiting))
+    if not e.running:
+        console.print("running: 0")
+        return
     r = Table(title=f"running: {len(e.running)}", title_justify="left")
     for col in (
         "request",

@@ -163,10 +163,14 @@ def reasons(e: Explanation) -> tuple[str, ...]:
             else f"the {dep} failed: max_tokens stood in for the prediction"
         )
     if e.position is not None:
+        where = (
+            "next in line"
+            if e.position == 0
+            else f"position {e.position} of {e.waiting_total}, behind {e.position} with lower scores"
+        )
         out.append(
-            f"position {e.position} of {e.waiting_total}: served after every request with a lower score "
-            f"(score = min(y, {e.priority_cap_tokens}) + {e.aging_rate:g} * t_enq); its effective priority "
-            f"{e.effective_priority:.1f} = {e.predicted_tokens} predicted tokens - "
+            f"{where} (score = min(y, {e.priority_cap_tokens}) + {e.aging_rate:g} * t_enq); "
+            f"effective priority {e.effective_priority:.1f} = {e.predicted_tokens} predicted tokens - "
             f"{e.aging_rate:g} tok/s * {e.age_s:.1f} s waited"
         )
     else:
