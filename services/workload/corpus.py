@@ -11,7 +11,7 @@ written for this project (``embedded.py``) stands in, and the result says which 
 
 Difficulty is always derived from a real property of the problem (a published level, a rating, the length
 of the reference solution, the number of solution steps, the problem's position in Project Euler's series),
-mapped onto [0, 1] per source; see ``SOURCES`` for each mapping.
+mapped onto [0, 1] per source; each ``_parse_*`` function states its mapping.
 """
 
 from __future__ import annotations
