@@ -18,6 +18,7 @@ from services.worker.profiling import (
     ProfileProgress,
     effective_max_batch,
     load_profile,
+    profile_and_store,
     profile_engine,
     store_profile,
 )
@@ -103,3 +104,16 @@ async def test_store_and_load_profile(redis_client: Redis, keys: Keys, tmp_path:
     assert path is not None and EngineProfile.from_json(path.read_text()) == prof
     assert json.loads(path.read_text())["step_ms"] == [[1, 4.2], [8, 6.0]]
     assert await load_profile(redis_client, keys, "missing") is None
+
+
+@pytest.mark.redis
+async def test_profile_and_store_publishes_what_it_measured(
+    redis_client: Redis, keys: Keys, tmp_path: Path
+) -> None:
+    engine = FakeStepEngine(max_num_seqs=2)
+    prof = await profile_and_store(
+        engine, redis_client, keys, "e9", tmp_path, batch_sizes=(1, 2), tokens=8, rounds=1, prefill_words=64
+    )
+    assert await load_profile(redis_client, keys, "e9") == prof
+    assert EngineProfile.from_json((tmp_path / "e9.json").read_text()) == prof
+    assert [b for b, _ in prof.step_ms] == [1, 2]

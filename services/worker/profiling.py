@@ -101,8 +101,15 @@ async def _decode_round(engine: Engine, batch: int, tokens: int, round_no: int) 
 async def _prefill_ms_per_token(engine: Engine, long_words: int) -> float:
     """Extra time to first token per extra prompt token, from one short and one long prompt at batch 1."""
     short = await _run_one(engine, _request(f"[{uuid.uuid4().hex}] Say hi.", 1, 0))
-    long_text = f"[{uuid.uuid4().hex}] " + FILLER * max(1, long_words // 16) + "Summarise."
-    long = await _run_one(engine, _request(long_text, 1, 0))
+    long: _Run | None = None
+    while long is None:
+        long_text = f"[{uuid.uuid4().hex}] " + FILLER * max(1, long_words // 16) + "Summarise."
+        try:
+            long = await _run_one(engine, _request(long_text, 1, 0))
+        except ValueError:  # longer than the engine's context (PromptTooLongError): halve it
+            if long_words < 32:
+                return 0.0
+            long_words //= 2
     extra = long.prompt_tokens - short.prompt_tokens
     if extra <= 0:
         return 0.0
@@ -195,3 +202,27 @@ async def store_profile(
 async def load_profile(redis: Any, keys: Keys, engine_id: str) -> EngineProfile | None:
     raw = await redis.hget(keys.profile(engine_id), "json")
     return EngineProfile.from_json(raw) if raw else None
+
+
+async def profile_and_store(
+    engine: Engine,
+    redis: Any,
+    keys: Keys,
+    engine_id: str,
+    json_dir: Path | None = None,
+    **profile_kw: Any,
+) -> EngineProfile:
+    """Start ``engine``, profile it, publish the profile, stop it: the body of ``chimera profile``.
+
+    For an in-process vLLM engine call this from a process that may spawn children (a CLI, or a Celery
+    worker with ``--pool=solo``/``threads``): prefork pool children are daemonic and cannot start vLLM's
+    engine-core process.
+    """
+    await engine.start()
+    try:
+        profile = await profile_engine(engine, **profile_kw)
+    finally:
+        await engine.stop()
+    await store_profile(redis, keys, engine_id, profile, json_dir)
+    log.info("profile of %s (%s): %s", engine_id, engine.model, profile.to_json())
+    return profile
