@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from pydantic import AliasChoices
 from pydantic_settings import BaseSettings
@@ -46,7 +47,8 @@ def _env_name(cls: type[BaseSettings], name: str) -> str:
 
 
 def _show(value: object) -> str:
-    return "" if value is None else str(value)
+    # Defaults built from the home folder are shown machine-independently.
+    return "" if value is None else str(value).replace(str(Path.home()), "~")
 
 
 def knobs() -> Iterator[Knob]:
