@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTOS := $(shell find protos -name '*.proto')
 
-.PHONY: help venv proto lint typecheck test test-fast demo up bench clean
+.PHONY: help venv proto lint test test-fast demo up knobs clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -49,6 +49,9 @@ demo: proto  ## run real workflows end to end on the embedded default pool
 
 up: proto  ## start every service locally (Ctrl-C stops them)
 	$(VENV)/bin/chimera up
+
+knobs: proto  ## regenerate the README's table of knobs from the settings classes
+	$(VENV)/bin/chimera knobs --write README.md
 
 clean:  ## remove generated code and local state (keeps .venv)
 	rm -rf chimera .chimera .pytest_cache .mypy_cache .ruff_cache

@@ -72,3 +72,11 @@ def markdown() -> str:
         f"| {k.service} | `{k.env}` | {k.default and f'`{k.default}`'} | {k.description} |" for k in knobs()
     ]
     return "\n".join(lines)
+
+
+def write_readme(path: Path) -> None:
+    """Replace the table between the README's knob markers with the current one."""
+    text = path.read_text()
+    start = text.index("\n", text.index("<!-- knobs:start")) + 1
+    end = text.index("<!-- knobs:end")
+    path.write_text(text[:start] + markdown() + "\n" + text[end:])

@@ -13,8 +13,8 @@ import typer
 from rich.console import Console
 
 from services.cli import train
-from services.inspect.cli import app as inspect_app
 from services.common.logs import setup_logging
+from services.inspect.cli import app as inspect_app
 from services.launcher.config import LauncherSettings
 from services.launcher.stack import running_stack
 
@@ -89,8 +89,13 @@ def demo(
 
 
 @app.command()
-def knobs() -> None:
+def knobs(
+    write: Annotated[Path | None, typer.Option(help="rewrite the table inside this README instead")] = None,
+) -> None:
     """Print every configuration knob (environment variable, default, meaning) as a Markdown table."""
-    from services.cli.knobs import markdown
+    from services.cli.knobs import markdown, write_readme
 
-    typer.echo(markdown())
+    if write is not None:
+        write_readme(write)
+    else:
+        typer.echo(markdown())
