@@ -70,3 +70,14 @@ def test_smollm2_converts_once_and_is_reused() -> None:
     assert "quantization_config" not in cfg
     assert cfg["model_type"] == "llama" and cfg["num_hidden_layers"] == 30
     assert (path / "model.safetensors").stat().st_size > 200_000_000
+
+
+def test_resolve_model_names_and_paths(tmp_path: Path, tiny_model: Path) -> None:  # noqa: F811
+    from services.worker.models import resolve_model
+
+    built = resolve_model("tiny", cache=tmp_path)
+    assert built == tmp_path / "random-llama-tiny" and (built / "model.safetensors").exists()
+    assert resolve_model("tiny", cache=tmp_path) == built  # idempotent: built once
+    assert resolve_model(str(tiny_model)) == tiny_model
+    with pytest.raises(FileNotFoundError):
+        resolve_model(str(tmp_path / "nothing-here"))

@@ -260,3 +260,32 @@ def _drop_quant_from_config(path: Path) -> None:
     cfg = json.loads(path.read_text())
     if cfg.pop("quantization_config", None) is not None:
         path.write_text(json.dumps(cfg, indent=2))
+
+
+def resolve_model(name: str, cache: Path | None = None) -> Path:
+    """A model directory for ``name``: "tiny"/"small" (random Llamas), "smollm2", "gemma3-270m", or a path.
+
+    Named models are built or converted into the cache once. The random models reuse SmolLM2's tokenizer
+    when SmolLM2 is already converted (realistic token counts and chat template), else a trained BPE.
+    """
+    root = model_cache(cache)
+    root.mkdir(parents=True, exist_ok=True)
+    if name in ("tiny", "small"):
+        size: ModelSize = "tiny" if name == "tiny" else "small"
+        out = root / f"random-llama-{name}"
+        if not _converted(out):
+            smol = root / "SmolLM2-135M-Instruct"
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=root))
+            build_tiny_llama(tmp, size, tokenizer_from=smol if _converted(smol) else None)
+            if out.exists():
+                shutil.rmtree(out)
+            tmp.replace(out)
+        return out
+    if name == "smollm2":
+        return smollm2_dir(root)
+    if name == "gemma3-270m":
+        return gemma3_270m_dir(root)
+    path = Path(name).expanduser()
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{name!r} is neither a known model name nor a model directory")
+    return path
