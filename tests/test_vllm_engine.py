@@ -6,6 +6,7 @@ The engine-death test kills the engine core and therefore runs last.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -14,12 +15,17 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from redis.asyncio import Redis
 from vllm_fixtures import tiny_model  # noqa: F401  (session fixture)
 
-from services.common.types import ChatMessage, SamplingParams, StageRequest
+from services.common.keys import Keys
+from services.common.queue import QueueStore
+from services.common.redis_proc import PrivateRedis
+from services.common.types import ChatMessage, EngineProfile, Prediction, SamplingParams, StageRequest
 from services.worker.engine.base import EngineDeadError, EngineOutput
 from services.worker.engine.vllm_engine import PromptTooLongError, VllmEngine, VllmEngineConfig
 from services.worker.profiling import profile_engine
+from services.worker.worker import Worker, WorkerOptions
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)]
 
@@ -157,7 +163,7 @@ async def test_prompt_longer_than_the_model_is_refused(engine: VllmEngine) -> No
 
 async def test_profile_of_the_real_engine(engine: VllmEngine) -> None:
     t0 = time.monotonic()
-    prof = await profile_engine(engine, batch_sizes=(1, 2, 4, 8), tokens=32, rounds=1, prefill_words=300)
+    prof = await profile_engine(engine, batch_sizes=(1, 2, 4, 8), tokens=32, rounds=1, prefill_words=400)
     print(f"profiled in {time.monotonic() - t0:.1f}s: {prof}")
     assert [b for b, _ in prof.step_ms] == [1, 2, 4]  # 8 > max_num_seqs is skipped
     assert all(t > 0 for _, t in prof.step_ms)
@@ -168,6 +174,60 @@ async def test_profile_of_the_real_engine(engine: VllmEngine) -> None:
     assert prof.prefill_ms_per_token >= 0
     assert prof.decode_ms_per_token == t1
     assert engine.running() == 0
+
+
+class _SharedEngine:
+    """Delegates to the module's engine but leaves it running when the worker stops: not a fake, an
+    adapter, so that the worker test does not pay for a second engine start."""
+
+    def __init__(self, inner: VllmEngine) -> None:
+        self.inner = inner
+        self.model = inner.model
+        self.max_num_seqs = inner.max_num_seqs
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def stop(self) -> None:
+        return None
+
+    def generate(self, request: StageRequest, key: str, priority: int) -> AsyncIterator[EngineOutput]:
+        return self.inner.generate(request, key, priority)
+
+    async def abort(self, key: str) -> None:
+        await self.inner.abort(key)
+
+    def running(self) -> int:
+        return self.inner.running()
+
+    def profile(self) -> EngineProfile | None:
+        return None
+
+
+async def test_worker_serves_the_redis_queue_on_the_real_engine(
+    engine: VllmEngine, private_redis: PrivateRedis, keys: Keys
+) -> None:
+    r = Redis.from_url(private_redis.url, decode_responses=True)
+    try:
+        q = QueueStore(r, keys)
+        rids = [f"w{i}" for i in range(MAX_SEQS + 2)]
+        for i, rid in enumerate(rids):
+            assert await q.enqueue(
+                "ev", _req(rid, max_tokens=10), Prediction(10, 20), float(i), time.time(), {}
+            )
+        opts = WorkerOptions(engine_id="ev", kind="vllm", worker_id="w-vllm", claim_wait_s=0.1, burst=True)
+        await asyncio.wait_for(Worker(q, r, _SharedEngine(engine), opts).run(), timeout=60)
+        for rid in rids:
+            evs = [json.loads(f["ev"]) for _id, f in await r.xrange(keys.output("ev", rid))]
+            final = evs[-1]
+            assert final["t"] == "final", final
+            assert final["text"] == "".join(e["text"] for e in evs[:-1])
+            assert final["prompt_tokens"] == len(engine.prompt_ids(_req(rid).messages))
+            assert 1 <= final["completion_tokens"] <= 10
+        assert await r.zcard(keys.claims("ev")) == 0
+        assert engine.running() == 0
+    finally:
+        await r.aclose()
 
 
 async def test_engine_death_is_reported(engine: VllmEngine) -> None:
