@@ -107,7 +107,7 @@ class VllmEngine:
         self._aborted: set[str] = set()
 
     async def start(self) -> None:
-        """Build the engine (blocks for the engine-core start: ~15–30 s on CPU, longer with graphs)."""
+        """Build the engine. Blocks the loop for the engine-core start (20–60 s on a shared 2-core CPU)."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
         if self._llm is not None:
