@@ -38,7 +38,10 @@ class PredictorBackend(Protocol):
 
 
 BACKENDS: Mapping[str, str] = MappingProxyType(
-    {"empirical": "services.predictor.empirical:EmpiricalPredictor"}
+    {
+        "empirical": "services.predictor.empirical:EmpiricalPredictor",
+        "qrf": "services.predictor.qrf:QrfPredictor",
+    }
 )
 
 

@@ -99,7 +99,7 @@ def predictor_data_hash(traces: Sequence[TraceRow]) -> str:
 def train_predictor(
     traces: Sequence[TraceRow],
     out_dir: Path,
-    backend: str = "empirical",
+    backend: str = "qrf",
     holdout: float = 0.2,
     make_current: bool = True,
 ) -> artifacts.ArtifactMeta:

@@ -39,7 +39,14 @@ class RouterBackend(Protocol):
 
 
 # Lazy import paths, so that heavy backends (torch) load only when used.
-BACKENDS: Mapping[str, str] = MappingProxyType({"prior": "services.router.prior:PriorRouter"})
+BACKENDS: Mapping[str, str] = MappingProxyType(
+    {
+        "prior": "services.router.prior:PriorRouter",
+        "tfidf": "services.router.tfidf:TfidfRouter",
+        "minilm": "services.router.minilm:MiniLmRouter",
+        "modernbert": "services.router.modernbert:ModernBertRouter",
+    }
+)
 
 
 def make_backend(name: str) -> RouterBackend:

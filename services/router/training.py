@@ -64,7 +64,7 @@ def train_router(
     traces: Sequence[TraceRow],
     outcomes: Sequence[OutcomeRow],
     out_dir: Path,
-    backend: str = "prior",
+    backend: str = "tfidf",
     holdout: float = 0.2,
     make_current: bool = True,
 ) -> artifacts.ArtifactMeta:

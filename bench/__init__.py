@@ -1,0 +1,1 @@
+"""Benchmarks: each writes its results under ``bench/results/`` (JSON and a Markdown summary)."""

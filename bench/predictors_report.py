@@ -1,0 +1,157 @@
+"""The Markdown summary of ``bench.predictors`` (the JSON next to it has every number)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+DOMAINS = ("code", "math")
+DATASET = {"code": "code (APPS stand-in)", "math": "math (MATH stand-in)"}
+
+
+def _f(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "**no**"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(r) + " |" for r in rows),
+    ]
+
+
+def write_markdown(result: dict[str, Any], path: Path) -> None:
+    cfg, data = result["config"], result["data"]
+    lines = [
+        "# Router and length predictor benchmark",
+        "",
+        f"Written by `{result['command']}` (`--draws {cfg['draws']} --seed {cfg['seed']} --holdout "
+        f"{cfg['holdout']} --window {cfg['window']} --routers {' '.join(cfg['routers'])}`), in "
+        f"{result['elapsed_s']:.0f} s. Corpus: {result['corpus']['problems']} real problems "
+        f"({result['corpus']['origin']}); {data['programs']} programs (each draw on the six paper models), "
+        f"{data['test_programs']} of them on held-out tasks (split by task text: no test task was seen in "
+        "training). Lengths and labels come from the seeded outcome model (services/workload/outcome.py).",
+        "",
+        "## Targets",
+        "",
+        *_table(
+            ["target", "value", "met"],
+            [[t["target"], _f(t.get("value")), _f(t["met"])] for t in result["targets"]],
+        ),
+        "",
+        "## Router: macro mAP on held-out tasks",
+        "",
+        "`map` is the TF-IDF router, `prior_map` the text-blind per-workflow prior (the floor), "
+        "`ceiling_map` the outcome model's own success probability (it knows the hidden per-problem "
+        "factors no text reveals), "
+        "`observable_map` a diagnostic head given each problem's true difficulty and length.",
+        "",
+    ]
+    for dom in DOMAINS:
+        r = result["router"][dom]
+        keys = [k for k in sorted(r["per_model"][next(iter(r["per_model"]))]) if "map" in k]
+        lines += [f"### {DATASET[dom]} (paper ModernBERT-large: {r['paper_map']})", ""]
+        rows = [
+            [m, *(_f(row.get(k)) for k in keys), str(row["test_tasks"]), _f(row["success_rate"], 2)]
+            for m, row in r["per_model"].items()
+        ]
+        rows.append(["**macro**", *(_f(r.get(k)) for k in keys), "", ""])
+        lines += [*_table(["model", *keys, "test tasks", "success rate"], rows), ""]
+    lines += [
+        "## Length predictor: Kendall-tau distance on held-out requests (lower is better)",
+        "",
+        f"Counted within comparison sets of {cfg['window']} requests in a random arrival order per model and "
+        "dataset, skipping pairs of the same program (its stages never wait together); see "
+        "`bench.predictors.windowed_kendall`. `all pairs` is the QRF over the whole test set.",
+        "",
+    ]
+    cols = ["kendall_tau_distance", "ceiling_distance", "fcfs_distance", "input_length_distance"]
+    for dom in DOMAINS:
+        p = result["predictor"][dom]
+        lines += [f"### {DATASET[dom]}", ""]
+        rows = [
+            [
+                m,
+                *(_f(row[k]) for k in cols),
+                _f(row["all_pairs_distance"]),
+                _f(row["gap_to_ceiling"]),
+                _f(row["paper_qrf"]),
+                _f(row["p90_coverage"], 2),
+                str(row["test_requests"]),
+            ]
+            for m, row in p["per_model"].items()
+        ]
+        rows.append(["**mean**", *(_f(p[k]) for k in cols), "", "", "", "", ""])
+        hdr = [
+            "model",
+            "qrf",
+            "ceiling",
+            "fcfs",
+            "input length",
+            "qrf all pairs",
+            "gap",
+            "paper qrf",
+            "p90 cover",
+            "requests",
+        ]
+        lines += [*_table(hdr, rows), ""]
+    gain = result["predictor_gain_over_fcfs"]
+    lines += [
+        f"Gain over FCFS (mean over datasets and models): **{_f(gain['ours'])}** (paper: {gain['paper']}).",
+        "",
+    ]
+    lines += ["## Calibration: total workflow output tokens per program", ""]
+    rows = []
+    for dom in DOMAINS:
+        for m, c in result["calibration"][dom].items():
+            paper = f"{c['paper_mean']:.0f} / {c['paper_std']:.0f}" if c["paper_mean"] is not None else "n/a"
+            rows.append(
+                [
+                    dom,
+                    m,
+                    f"{c['mean']:.0f} / {c['std']:.0f}",
+                    f"{c['target_mean']:.0f} / {c['target_std']:.0f}",
+                    paper,
+                    _f(c["mean_within_15pct"]),
+                    str(c["programs"]),
+                ]
+            )
+    lines += [
+        *_table(
+            [
+                "dataset",
+                "model",
+                "ours mean / std",
+                "target mean / std",
+                "paper mean / std",
+                "mean within 15%",
+                "programs",
+            ],
+            rows,
+        ),
+        "",
+    ]
+    lines += ["## Serving latency per call (ms, real gRPC servers on loopback, one closed-loop client)", ""]
+    rows = []
+    for svc, lat in result["latency"].items():
+        for cell in ("batch_1", "batch_32", "batch_1_default_window"):
+            c = lat[cell]
+            wait = lat["default_max_wait_ms"] if cell.endswith("window") else lat["max_wait_ms"]
+            rows.append(
+                [
+                    svc,
+                    cell.replace("_default_window", ""),
+                    f"{wait:g}",
+                    _f(c["p50_ms"], 2),
+                    _f(c["p99_ms"], 2),
+                ]
+            )
+    lines += [*_table(["service", "batch", "max_wait_ms", "p50", "p99"], rows), ""]
+    path.write_text("\n".join(lines) + "\n")
