@@ -14,17 +14,19 @@ from services.dispatcher.clients import PredictorClient, RouterClient
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.dispatch import Dispatcher
 from services.dispatcher.http_api import build_http_server
+from services.dispatcher.metrics import DispatcherMetrics, metrics_endpoint
 from services.dispatcher.server import DispatcherServer, run
 
 
-async def _main(s: DispatcherSettings) -> None:
+async def _main(s: DispatcherSettings, metrics: DispatcherMetrics) -> None:
     redis = Redis.from_url(s.redis_url, decode_responses=True)
     async with (
         grpc.aio.insecure_channel(s.router_addr) as rc,
         grpc.aio.insecure_channel(s.predictor_addr) as pc,
     ):
         router, predictor = RouterClient(rc, s.router_timeout_s), PredictorClient(pc, s.predictor_timeout_s)
-        dispatcher = Dispatcher(QueueStore(redis, Keys(s.key_prefix)), redis, router, predictor, s)
+        store = QueueStore(redis, Keys(s.key_prefix))
+        dispatcher = Dispatcher(store, redis, router, predictor, s, metrics=metrics)
         try:
             await run(DispatcherServer(dispatcher, redis), build_http_server(dispatcher))
         finally:
@@ -34,7 +36,8 @@ async def _main(s: DispatcherSettings) -> None:
 def main() -> None:
     settings = DispatcherSettings()
     setup_logging("dispatcher", settings.log_level)
-    asyncio.run(_main(settings))
+    with metrics_endpoint(settings) as metrics:
+        asyncio.run(_main(settings, metrics))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,9 @@ class DispatcherSettings(CommonSettings):
     http_port: int = Field(
         default=8000, ge=0, le=65535, description="OpenAI-compatible HTTP port; 0 picks one"
     )
+    metrics_port: int = Field(
+        default=9401, ge=0, le=65535, description="Prometheus /metrics port on host (0 picks a free one)"
+    )
     router_addr: str = Field(default="127.0.0.1:50061", min_length=3, description="router service host:port")
     predictor_addr: str = Field(
         default="127.0.0.1:50062", min_length=3, description="predictor service host:port"

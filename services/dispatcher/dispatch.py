@@ -15,8 +15,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -26,6 +27,7 @@ from services.common.types import EngineSnapshot, OutcomeRow, Prediction, StageR
 from services.dispatcher.clients import ConfidenceSource, LengthSource
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.errors import (
+    DispatchError,
     DuplicateRequest,
     InvalidRequest,
     ModelNotFound,
@@ -33,9 +35,13 @@ from services.dispatcher.errors import (
     StageConflict,
     StoreUnavailable,
 )
+from services.dispatcher.metrics import DispatcherMetrics
 from services.dispatcher.policy import POLICIES, Selection, engine_load_ms
 from services.dispatcher.snapshot import read_engines
 from services.dispatcher.validate import Limits, check_id, validate_request
+
+if TYPE_CHECKING:
+    from services.dispatcher.stream import Final
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -46,6 +52,16 @@ if redis.call('HGET', KEYS[1], 'request_id') == ARGV[1] then return redis.call('
 return 0
 """
 OUTCOMES_MAXLEN = 1_000_000
+
+
+class RequestObserver(Protocol):
+    """Told exactly once how a dispatched request's output stream ended (metrics)."""
+
+    def finished(self, d: Dispatched, final: Final) -> None: ...
+
+    def failed_with(self, d: Dispatched, code: str) -> None: ...
+
+    def abandoned(self, d: Dispatched) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +76,8 @@ class Dispatched:
     enqueued_unix: float
     dispatch_ms: float  # router + predictor + policy + Redis, as the caller's Completion reports it
     degraded: tuple[str, ...]  # dependencies that failed and were replaced by a fallback
+    branch: str = "new"  # new | pinned | reuse | reuse-race
+    observer: RequestObserver | None = None  # told how the request's stream ends
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +111,11 @@ class Dispatcher:
         predictor: LengthSource,
         settings: DispatcherSettings,
         clock: Callable[[], float] = time.time,
+        metrics: DispatcherMetrics | None = None,
     ) -> None:
         self.store = store
+        # Without one from __main__ (tests), metrics go to a private registry nobody scrapes.
+        self.metrics = metrics or DispatcherMetrics(CollectorRegistry())
         self._r = redis
         self._keys = store.keys
         self._router = router
@@ -130,6 +151,13 @@ class Dispatcher:
 
     async def dispatch(self, req: StageRequest) -> Dispatched:
         """Validate, choose an engine, predict, and enqueue; raises a ``DispatchError`` on refusal."""
+        try:
+            return await self._dispatch(req)
+        except DispatchError as e:
+            self.metrics.refused(e.code)
+            raise
+
+    async def _dispatch(self, req: StageRequest) -> Dispatched:
         started = time.perf_counter()
         validate_request(req, self._limits)
         t = _Timings()
@@ -190,7 +218,11 @@ class Dispatcher:
             if status == "new":
                 await self._redis(t, self._unassign(keys=[k.program(req.program_id)], args=[req.request_id]))
             raise DuplicateRequest(f"request {req.request_id} already exists")
-        return Dispatched(req, engine, model, pred, score, t_enq, _ms_since(started), tuple(degraded))
+        d = Dispatched(
+            req, engine, model, pred, score, t_enq, _ms_since(started), tuple(degraded), branch, self.metrics
+        )
+        self.metrics.accepted(d, branch, dict(confidences))
+        return d
 
     async def _choose(
         self, req: StageRequest, engines: Sequence[EngineSnapshot], t: _Timings, degraded: list[str]
@@ -229,20 +261,25 @@ class Dispatcher:
         self, req: StageRequest, pool: Sequence[EngineSnapshot], t: _Timings, degraded: list[str]
     ) -> Mapping[str, float]:
         models = sorted({e.model for e in pool if e.alive})
-        t0 = time.perf_counter()
+        t0, ok = time.perf_counter(), False
         try:
-            return await self._router.score(req.user_text(), req.workflow, models)
+            scores = await self._router.score(req.user_text(), req.workflow, models)
+            ok = True
+            return scores
         except Exception as e:  # any router failure degrades; availability beats precision
             log.warning("router failed (%s); dispatching %s to the fastest engine", e, req.request_id)
             degraded.append("router")
             return {}
         finally:
             t.router_ms += _ms_since(t0)
+            self.metrics.upstream("router", time.perf_counter() - t0, ok)
 
     async def _predict(self, req: StageRequest, model: str, t: _Timings, degraded: list[str]) -> Prediction:
-        t0 = time.perf_counter()
+        t0, ok = time.perf_counter(), False
         try:
-            return await self._predictor.predict(req, model)
+            pred = await self._predictor.predict(req, model)
+            ok = True
+            return pred
         except Exception as e:  # any predictor failure degrades to the request's own bound
             log.warning("predictor failed (%s); using max_tokens for %s", e, req.request_id)
             if "predictor" not in degraded:
@@ -251,6 +288,7 @@ class Dispatcher:
             return Prediction(p50=y, p90=y)
         finally:
             t.predictor_ms += _ms_since(t0)
+            self.metrics.upstream("predictor", time.perf_counter() - t0, ok)
 
     def _record(
         self,
@@ -315,4 +353,5 @@ class Dispatcher:
                 self._r.xadd(k.outcomes(), {"row": row.to_json()}, maxlen=OUTCOMES_MAXLEN, approximate=True),
             )
         await self._redis(t, self._r.delete(k.program(program_id)))
+        self.metrics.program_ended(program_id, program, outcome)
         return ProgramEnd(found=True, cancelled_requests=cancelled)

@@ -22,7 +22,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.common.queue import QueueStore
 from services.dispatcher.dispatch import Dispatched
-from services.dispatcher.errors import DeadlineExceeded, RequestFailed, StoreUnavailable
+from services.dispatcher.errors import DeadlineExceeded, DispatchError, RequestFailed, StoreUnavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -77,16 +77,10 @@ async def stream_output(
     Raises ``DeadlineExceeded`` once the request's deadline passes (the request is cancelled first).
     """
     rid, engine = d.request.request_id, d.engine
-    after, best_attempt, finished = "0", 0, False
+    after, best_attempt, finished, reported = "0", 0, False, False
     try:
         while True:
-            wait_ms = block_ms
-            if d.request.deadline_unix is not None:
-                left_ms = int((d.request.deadline_unix - clock()) * 1000)
-                if left_ms <= 0:
-                    raise DeadlineExceeded(f"request {rid} did not finish before its deadline")
-                wait_ms = max(1, min(block_ms, left_ms))
-            events = await _io(store.read_events(engine, rid, after, wait_ms))
+            events = await _io(store.read_events(engine, rid, after, _wait_ms(d, block_ms, clock)))
             if not events:
                 # Cheap liveness probe (never the whole hash: it holds the prompt).
                 if not await _io(redis.exists(store.keys.request(engine, rid))):
@@ -106,11 +100,40 @@ async def stream_output(
                     raise RequestFailed(str(ev.data.get("code", "INTERNAL")), str(ev.data.get("message", "")))
                 elif kind == "final":
                     finished = True
-                    yield await _final(store, redis, d, ev.data, clock)
+                    final = await _final(store, redis, d, ev.data, clock)
+                    reported = _report(d, final)
+                    yield final
                     return
+    except Exception as e:
+        reported = _report(d, e.code if isinstance(e, DispatchError) else "INTERNAL")
+        raise
     finally:
+        if not reported:
+            _report(d, None)  # the caller went away (or was cancelled) before the end
         if not finished:
             await _cancel_quietly(store, engine, rid)
+
+
+def _wait_ms(d: Dispatched, block_ms: int, clock: Callable[[], float]) -> int:
+    """How long the next read may block: ``block_ms``, less near the deadline; raises past it."""
+    if d.request.deadline_unix is None:
+        return block_ms
+    left_ms = int((d.request.deadline_unix - clock()) * 1000)
+    if left_ms <= 0:
+        raise DeadlineExceeded(f"request {d.request.request_id} did not finish before its deadline")
+    return max(1, min(block_ms, left_ms))
+
+
+def _report(d: Dispatched, end: Final | str | None) -> bool:
+    """Tell the request's observer how its stream ended: a Final, a failure code, or abandoned (None)."""
+    if d.observer is not None:
+        if isinstance(end, Final):
+            d.observer.finished(d, end)
+        elif end is None:
+            d.observer.abandoned(d)
+        else:
+            d.observer.failed_with(d, end)
+    return True
 
 
 async def _final(

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+from prometheus_client import CollectorRegistry
+
 from services.common.logs import setup_logging
+from services.common.metrics import ModelServiceMetrics
 from services.predictor.config import PredictorSettings
 from services.predictor.server import run
 
@@ -12,7 +15,7 @@ from services.predictor.server import run
 def main() -> None:
     settings = PredictorSettings()
     setup_logging("predictor", settings.log_level)
-    asyncio.run(run(settings))
+    asyncio.run(run(settings, ModelServiceMetrics(CollectorRegistry(), "predictor")))
 
 
 if __name__ == "__main__":

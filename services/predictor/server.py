@@ -6,16 +6,19 @@ import asyncio
 import functools
 import logging
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry
 
 from chimera.predictor.v1 import predictor_pb2, predictor_pb2_grpc
 from services.common.artifacts import ArtifactMeta
 from services.common.batching import BatchCollector, CollectorClosedError, CollectorOptions, NoArtifactError
+from services.common.metrics import ModelServiceMetrics, start_exporter
 from services.predictor.config import PredictorSettings
 from services.predictor.errors import BadRequestError, PredictorError, TooManyRowsError, UnknownModelError
 from services.predictor.features import PredictorInput
@@ -42,6 +45,7 @@ def _status_codes(
 
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Resp:
+        t0, code = time.perf_counter(), grpc.StatusCode.OK
         try:
             return await fn(self, request, context)
         except (PredictorError, NoArtifactError, CollectorClosedError) as e:
@@ -49,15 +53,19 @@ def _status_codes(
             await context.abort(code, str(e))
         except Exception:
             log.exception("predictor call failed")
-            await context.abort(grpc.StatusCode.INTERNAL, "predictor inference failed")
+            code = grpc.StatusCode.INTERNAL
+            await context.abort(code, "predictor inference failed")
+        finally:
+            self.metrics.observe_call(fn.__name__, code.name, time.perf_counter() - t0)
         raise AssertionError("unreachable: abort raises")
 
     return wrapper
 
 
 class PredictorServicer(predictor_pb2_grpc.PredictorServicer):  # type: ignore[misc]
-    def __init__(self, service: PredictorService) -> None:
+    def __init__(self, service: PredictorService, metrics: ModelServiceMetrics) -> None:
         self._service = service
+        self.metrics = metrics
 
     @_status_codes
     async def Predict(  # noqa: N802 (gRPC method name)
@@ -94,8 +102,10 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):  # type: ignore[m
 class PredictorServer:
     """A started predictor: gRPC server, health, reflection and the batch collector, stopped together."""
 
-    def __init__(self, settings: PredictorSettings) -> None:
+    def __init__(self, settings: PredictorSettings, metrics: ModelServiceMetrics | None = None) -> None:
         self.settings = settings
+        # Without one from __main__ (tests), metrics go to a private registry nobody scrapes.
+        self.metrics = metrics or ModelServiceMetrics(CollectorRegistry(), "predictor")
         self.health = health.aio.HealthServicer()
         self._health_tasks: set[asyncio.Task[None]] = set()
         self.collector: BatchCollector[PredictItem, tuple[float, ...]] = BatchCollector(
@@ -106,6 +116,7 @@ class PredictorServer:
                 max_wait_ms=settings.max_wait_ms,
                 pool_workers=settings.pool_workers,
                 reload_interval_s=settings.reload_interval_s,
+                on_batch=self.metrics.on_batch,
                 on_reload=self._on_reload,
             ),
         )
@@ -113,6 +124,7 @@ class PredictorServer:
         self.port = 0
 
     def _on_reload(self, meta: ArtifactMeta) -> None:
+        self.metrics.on_reload(meta)
         task = asyncio.create_task(self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING))
         self._health_tasks.add(task)
         task.add_done_callback(self._health_tasks.discard)
@@ -121,7 +133,8 @@ class PredictorServer:
         """Load the artifact (if any), bind, start serving; returns the bound port."""
         s = self.settings
         predictor_pb2_grpc.add_PredictorServicer_to_server(
-            PredictorServicer(PredictorService(self.collector, s.max_request_items)), self.server
+            PredictorServicer(PredictorService(self.collector, s.max_request_items), self.metrics),
+            self.server,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
@@ -141,9 +154,10 @@ class PredictorServer:
         await self.collector.close()
 
 
-async def run(settings: PredictorSettings) -> None:
-    """Serve until SIGTERM or SIGINT, then drain gracefully."""
-    server = PredictorServer(settings)
+async def run(settings: PredictorSettings, metrics: ModelServiceMetrics) -> None:
+    """Serve (and ``/metrics`` on ``metrics_port``) until SIGTERM or SIGINT, then drain gracefully."""
+    server = PredictorServer(settings, metrics)
+    exporter = start_exporter(metrics.registry, settings.host, settings.metrics_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -152,3 +166,5 @@ async def run(settings: PredictorSettings) -> None:
     await stop.wait()
     log.info("stopping")
     await server.stop()
+    if exporter is not None:
+        exporter.stop()

@@ -15,6 +15,9 @@ class RouterSettings(CommonSettings):
 
     host: str = Field(default="127.0.0.1", min_length=1, description="address the gRPC server binds")
     port: int = Field(default=50061, ge=0, le=65535, description="gRPC port (0 picks a free one)")
+    metrics_port: int = Field(
+        default=9402, ge=0, le=65535, description="Prometheus /metrics port on host (0 picks a free one)"
+    )
     artifact_dir: Path = Field(
         default=Path(".chimera/artifacts/router"),
         description="this service's artifact directory: <dir>/CURRENT names the version to serve",

@@ -6,16 +6,19 @@ import asyncio
 import functools
 import logging
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry
 
 from chimera.router.v1 import router_pb2, router_pb2_grpc
 from services.common.artifacts import ArtifactMeta
 from services.common.batching import BatchCollector, CollectorClosedError, CollectorOptions, NoArtifactError
+from services.common.metrics import ModelServiceMetrics, start_exporter
 from services.router.config import RouterSettings
 from services.router.errors import BadRequestError, RouterError, TooManyItemsError, UnknownModelError
 from services.router.inference import RouterItem, score_batch
@@ -41,6 +44,7 @@ def _status_codes(
 
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Resp:
+        t0, code = time.perf_counter(), grpc.StatusCode.OK
         try:
             return await fn(self, request, context)
         except (RouterError, NoArtifactError, CollectorClosedError) as e:
@@ -48,15 +52,19 @@ def _status_codes(
             await context.abort(code, str(e))
         except Exception:
             log.exception("router call failed")
-            await context.abort(grpc.StatusCode.INTERNAL, "router inference failed")
+            code = grpc.StatusCode.INTERNAL
+            await context.abort(code, "router inference failed")
+        finally:
+            self.metrics.observe_call(fn.__name__, code.name, time.perf_counter() - t0)
         raise AssertionError("unreachable: abort raises")
 
     return wrapper
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):  # type: ignore[misc]
-    def __init__(self, service: RouterService) -> None:
+    def __init__(self, service: RouterService, metrics: ModelServiceMetrics) -> None:
         self._service = service
+        self.metrics = metrics
 
     @_status_codes
     async def Score(  # noqa: N802 (gRPC method name)
@@ -82,8 +90,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):  # type: ignore[misc]
 class RouterServer:
     """A started router: gRPC server, health, reflection and the batch collector, stopped together."""
 
-    def __init__(self, settings: RouterSettings) -> None:
+    def __init__(self, settings: RouterSettings, metrics: ModelServiceMetrics | None = None) -> None:
         self.settings = settings
+        # Without one from __main__ (tests), metrics go to a private registry nobody scrapes.
+        self.metrics = metrics or ModelServiceMetrics(CollectorRegistry(), "router")
         self.health = health.aio.HealthServicer()
         self._health_tasks: set[asyncio.Task[None]] = set()
         self.collector: BatchCollector[RouterItem, dict[str, float]] = BatchCollector(
@@ -94,6 +104,7 @@ class RouterServer:
                 max_wait_ms=settings.max_wait_ms,
                 pool_workers=settings.pool_workers,
                 reload_interval_s=settings.reload_interval_s,
+                on_batch=self.metrics.on_batch,
                 on_reload=self._on_reload,
             ),
         )
@@ -101,6 +112,7 @@ class RouterServer:
         self.port = 0
 
     def _on_reload(self, meta: ArtifactMeta) -> None:
+        self.metrics.on_reload(meta)
         task = asyncio.create_task(self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING))
         self._health_tasks.add(task)
         task.add_done_callback(self._health_tasks.discard)
@@ -109,7 +121,7 @@ class RouterServer:
         """Load the artifact (if any), bind, start serving; returns the bound port."""
         s = self.settings
         router_pb2_grpc.add_RouterServicer_to_server(
-            RouterServicer(RouterService(self.collector, s.max_request_items)), self.server
+            RouterServicer(RouterService(self.collector, s.max_request_items), self.metrics), self.server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
@@ -129,9 +141,10 @@ class RouterServer:
         await self.collector.close()
 
 
-async def run(settings: RouterSettings) -> None:
-    """Serve until SIGTERM or SIGINT, then drain gracefully."""
-    server = RouterServer(settings)
+async def run(settings: RouterSettings, metrics: ModelServiceMetrics) -> None:
+    """Serve (and ``/metrics`` on ``metrics_port``) until SIGTERM or SIGINT, then drain gracefully."""
+    server = RouterServer(settings, metrics)
+    exporter = start_exporter(metrics.registry, settings.host, settings.metrics_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -140,3 +153,5 @@ async def run(settings: RouterSettings) -> None:
     await stop.wait()
     log.info("stopping")
     await server.stop()
+    if exporter is not None:
+        exporter.stop()
