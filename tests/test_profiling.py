@@ -18,6 +18,7 @@ from services.worker.profiling import (
     ProfileProgress,
     effective_max_batch,
     load_profile,
+    monotone_curve,
     profile_and_store,
     profile_engine,
     store_profile,
@@ -77,6 +78,15 @@ def test_knee_is_where_throughput_stops_growing() -> None:
     assert effective_max_batch([], cap=16) == 16
     # A 5% gain per doubling is not "meaningful" at the default 10% threshold.
     assert effective_max_batch([(1, 10.0), (2, 19.0)], cap=8) == 1
+
+
+@pytest.mark.unit
+def test_curve_is_made_monotone_by_a_suffix_minimum() -> None:
+    noisy = [(1, 66.3), (2, 32.6), (4, 46.1), (8, 41.0), (16, 52.1)]
+    assert monotone_curve(noisy) == ((1, 32.6), (2, 32.6), (4, 41.0), (8, 41.0), (16, 52.1))
+    clean = ((1, 21.3), (2, 22.4), (4, 22.6), (8, 43.9), (16, 78.7))
+    assert monotone_curve(clean) == clean
+    assert monotone_curve([]) == ()
 
 
 @pytest.mark.unit

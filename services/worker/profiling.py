@@ -116,6 +116,21 @@ async def _prefill_ms_per_token(engine: Engine, long_words: int) -> float:
     return max(0.0, (long.ttft_s - short.ttft_s) * 1000.0 / extra)
 
 
+def monotone_curve(step_ms: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    """The measured curve made non-decreasing in batch size by a suffix minimum.
+
+    A bigger batch never decodes a step faster on real hardware, and interference from other processes
+    only ever adds time, so a point above a later one is contention: the later, lower time is the better
+    estimate of both.
+    """
+    out: list[tuple[int, float]] = []
+    low = float("inf")
+    for b, t in sorted(step_ms, reverse=True):
+        low = min(low, t)
+        out.append((b, low))
+    return tuple(reversed(out))
+
+
 def effective_max_batch(step_ms: Sequence[tuple[int, float]], cap: int, min_gain: float = 0.1) -> int:
     """The batch size beyond which throughput (b / step time) stops improving by at least ``min_gain``.
 
@@ -164,11 +179,14 @@ async def profile_engine(
         if progress is not None:
             progress(ProfileProgress(done, total, b, step))
     prefill = await _prefill_ms_per_token(engine, prefill_words)
+    smooth = monotone_curve(curve)
+    if smooth != tuple(curve):
+        log.info("profile %s: raw curve %s made monotone: %s", engine.model, curve, smooth)
     return EngineProfile(
-        decode_ms_per_token=curve[0][1],
-        max_batch_size=effective_max_batch(curve, engine.max_num_seqs, min_gain),
+        decode_ms_per_token=smooth[0][1],
+        max_batch_size=effective_max_batch(smooth, engine.max_num_seqs, min_gain),
         prefill_ms_per_token=round(prefill, 4),
-        step_ms=tuple(curve),
+        step_ms=smooth,
     )
 
 
