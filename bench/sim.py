@@ -1,0 +1,365 @@
+"""Discrete-event simulator of a Chimera pool that runs the product's own policy code.
+
+NOTE(sim): what is simulated and what is real.
+
+- Real: the engine choice (``POLICIES[name].select``: Algorithm 1, the baselines, the improved rule), the
+  queue order (``POLICIES[name].priority``: the static aged score the Redis queue sorts by), the in-flight
+  accounting the paper's L[m] reads (sum of ŷ dispatched and not finished), workflow affinity (later stages
+  reuse the first stage's engine), and the learned router and predictor answers (``bench.workload``).
+- Simulated: engine speed (``bench.engines`` profiles) and outcomes (the workload's outcome model).
+
+Engines do continuous batching as ``services.worker.engine.simulated`` does: every running sequence gains one
+token per step of ``profile.step_time_ms(batch)``; admitting a sequence stalls the engine for its prefill
+(``prefill_ms_per_token`` * prompt tokens, the history of earlier stages included: the role prompt comes
+first, so no prefix is shared with the previous stage's cache). Requests wait in the engine's queue, lowest
+score first, arrival breaking ties; the head is admitted while fewer than ``max_num_seqs`` sequences run and
+its prompt fits in the free KV cache (tokens). When the cache fills during decoding, the lowest-priority
+running sequence is preempted and re-queued with its score; on re-admission it re-prefills its prompt and the
+tokens it had generated (vLLM's recompute preemption), then finishes its remaining tokens. Between two events
+the batch is constant, so the simulator advances a per-engine token clock instead of stepping: each event
+costs O(log n), however long the run.
+
+Workflows arrive as a Poisson process (seeded); stage i+1 is sent the moment stage i finishes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from bench.workload import Job
+from services.common.types import EngineProfile, EngineSnapshot
+from services.dispatcher.policy import POLICIES, Policy
+
+# Which ŷ a variant puts in the queue score (and, for "total"/"oracle", in the in-flight accounting).
+PRIORITY_INPUTS = ("fcfs", "total", "stage", "oracle", "attained")
+ROUTERS = ("learned", "prior", "oracle", "none")
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """A policy from the registry plus what feeds it."""
+
+    name: str
+    policy: str  # key of services.dispatcher.policy.POLICIES
+    router: str  # learned | prior | oracle | none
+    priority_input: str  # see PRIORITY_INPUTS
+    uses_tau: bool = False
+
+
+VARIANTS: Mapping[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("vllm", "vllm", "none", "fcfs"),
+        Variant("mlfq", "mlfq", "none", "attained"),
+        Variant("ltr", "ltr", "none", "stage"),
+        Variant("vllm-stjf", "vllm-stjf", "none", "oracle"),
+        Variant("stjf-learned", "vllm-stjf", "none", "total"),
+        Variant("chimera", "chimera", "learned", "total", True),
+        Variant("chimera-plus", "chimera-plus", "learned", "total", True),
+        Variant("chimera-norouter", "chimera", "prior", "total", True),
+        Variant("chimera-oracle-router", "chimera", "oracle", "total", True),
+        Variant("chimera-oracle-predictor", "chimera", "learned", "oracle", True),
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """One simulated engine: the profile the policies read, and the limits the engine enforces."""
+
+    profile: EngineProfile
+    kv_tokens: int  # KV cache capacity in tokens
+    max_num_seqs: int = 256
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    pool: tuple[str, ...]  # model keys, one engine each
+    rps: float
+    variant: str
+    tau: float = 0.0
+    delta_s: float = 0.05  # DispatcherSettings default
+    aging_rate: float = 20.0  # DispatcherSettings default (tokens per second of waiting)
+    priority_cap: int = 8192  # DispatcherSettings default
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowResult:
+    job: int
+    model: str
+    arrival_s: float
+    e2e_s: float
+    tokens: int
+    score: float
+    queue_s: tuple[float, ...]  # per stage
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    config: SimConfig
+    workflows: tuple[WorkflowResult, ...]
+    select_calls: int
+    priority_calls: int
+    preemptions: int
+
+
+@dataclass
+class _Req:
+    job: Job
+    model: str
+    stage: int
+    y_hat: int  # in-flight accounting
+    t_enq: float
+    arrival_s: float
+    queue_s: list[float]
+    score: float = 0.0
+    done_tokens: int = 0  # generated before a preemption (re-prefilled, not re-generated)
+    start: float = 0.0  # engine token counter at admission
+    kv_base: int = 0  # KV tokens it held at admission (prompt plus done_tokens)
+
+
+@dataclass
+class _Engine:
+    engine_id: str
+    model: str
+    spec: EngineSpec
+    step: list[float]  # step time (ms) per batch size, 0..max_num_seqs
+    queue: list[tuple[float, float, int, _Req]] = field(default_factory=list)
+    running: list[tuple[float, int, _Req]] = field(default_factory=list)  # (finish counter, seq, req)
+    counter: float = 0.0  # tokens each running sequence has gained since the engine started
+    kv_offset: float = 0.0  # sum over running of (kv_base - start): KV in use = kv_offset + b * counter
+    stall_ms: float = 0.0  # prefill still to run before decoding resumes
+    last_s: float = 0.0
+    inflight: int = 0
+    version: int = 0  # bumped on every change, so stale events are skipped
+
+    def advance(self, now: float) -> None:
+        dt = (now - self.last_s) * 1000.0
+        self.last_s = now
+        if not self.running:
+            self.stall_ms = max(0.0, self.stall_ms - dt)
+            return
+        used = min(self.stall_ms, dt)
+        self.stall_ms -= used
+        self.counter += (dt - used) / self.step[len(self.running)]
+
+    def kv_used(self) -> float:
+        return self.kv_offset + len(self.running) * self.counter
+
+    def next_event(self, now: float) -> tuple[float, str]:
+        """When the next sequence finishes, or the KV cache fills first."""
+        b = len(self.running)
+        target, kind = self.running[0][0], "finish"
+        full = (self.spec.kv_tokens - self.kv_offset) / b
+        # A lone sequence longer than the cache cannot be helped by preemption: it runs on (vLLM would refuse
+        # it; the 30k-token cap fits every derived cache but the 14B's, whose outputs never run away).
+        if b > 1 and full < target:
+            target, kind = max(self.counter, full), "kvfull"
+        need = max(0.0, target - self.counter)
+        return now + (self.stall_ms + need * self.step[b]) / 1000.0, kind
+
+    def snapshot(self) -> EngineSnapshot:
+        return EngineSnapshot(
+            self.engine_id, self.model, self.spec.profile, self.inflight, len(self.queue), len(self.running)
+        )
+
+
+def _engines(pool: Sequence[str], specs: Mapping[str, EngineSpec]) -> list[_Engine]:
+    out = []
+    for m in pool:
+        sp = specs[m]
+        steps = [sp.profile.step_time_ms(max(1, b)) for b in range(sp.max_num_seqs + 1)]
+        out.append(_Engine(engine_id=m, model=m, spec=sp, step=steps))
+    return out
+
+
+def _confidence(job: Job, router: str) -> Mapping[str, float]:
+    return {"learned": job.q_learned, "prior": job.q_prior, "oracle": job.q_oracle}.get(router, {})
+
+
+def _y(req: _Req, how: str) -> int:
+    st = req.job.runs[req.model].stages[req.stage]
+    if how == "stage":
+        return st.pred_stage
+    if how == "oracle":
+        return st.true_remaining
+    if how == "attained":
+        return sum(s.output_tokens for s in req.job.runs[req.model].stages[: req.stage])
+    return st.pred_total
+
+
+class _Sim:
+    """One run's mutable state; ``simulate`` is the only way in."""
+
+    def __init__(
+        self, config: SimConfig, specs: Mapping[str, EngineSpec], policies: Mapping[str, Policy]
+    ) -> None:
+        self.config = config
+        self.variant = VARIANTS[config.variant]
+        self.policy = policies[self.variant.policy]
+        self.engines = _engines(config.pool, specs)
+        self.by_id = {e.engine_id: e for e in self.engines}
+        self.seq = itertools.count()
+        self.arrivals: list[tuple[float, int, Job]] = []
+        self.events: list[tuple[float, int, str, int, int]] = []  # (time, seq, kind, engine index, version)
+        self.results: list[WorkflowResult] = []
+        self.select_calls = self.priority_calls = self.preemptions = 0
+
+    def schedule(self, e: _Engine, now: float) -> None:
+        e.version += 1
+        if e.running:
+            at, kind = e.next_event(now)
+            heapq.heappush(self.events, (at, next(self.seq), kind, self.engines.index(e), e.version))
+
+    def admit(self, e: _Engine, now: float) -> None:
+        while e.queue and len(e.running) < e.spec.max_num_seqs:
+            req = e.queue[0][3]
+            st = req.job.runs[req.model].stages[req.stage]
+            kv = st.prompt_tokens + req.done_tokens
+            # The head waits for room (no skipping), unless the engine is empty: it must run somewhere.
+            if e.running and e.kv_used() + kv + 1 > e.spec.kv_tokens:
+                break
+            heapq.heappop(e.queue)
+            if req.done_tokens:
+                req.queue_s[-1] += now - req.t_enq
+            else:
+                req.queue_s.append(now - req.t_enq)
+            e.stall_ms += kv * e.spec.profile.prefill_ms_per_token
+            req.start, req.kv_base = e.counter, kv
+            e.kv_offset += kv - e.counter
+            heapq.heappush(e.running, (e.counter + st.output_tokens - req.done_tokens, next(self.seq), req))
+
+    def enqueue(self, e: _Engine, req: _Req, now: float) -> None:
+        how = self.variant.priority_input
+        req.y_hat = _y(req, "oracle" if how == "oracle" else "total")
+        self.priority_calls += 1
+        req.score = self.policy.priority(_y(req, how), now, self.config.aging_rate, self.config.priority_cap)
+        req.t_enq = now
+        e.inflight += req.y_hat
+        heapq.heappush(e.queue, (req.score, now, next(self.seq), req))
+
+    def preempt(self, e: _Engine, now: float) -> None:
+        """Evict the lowest-priority running sequence (latest arrival among equals), as vLLM does."""
+        i = max(range(len(e.running)), key=lambda k: (e.running[k][2].score, e.running[k][2].t_enq))
+        _, _, victim = e.running.pop(i)
+        heapq.heapify(e.running)
+        e.kv_offset -= victim.kv_base - victim.start
+        victim.done_tokens += int(e.counter - victim.start)
+        victim.t_enq = now
+        heapq.heappush(e.queue, (victim.score, now, next(self.seq), victim))
+        self.preemptions += 1
+
+    def arrive(self, job: Job, now: float) -> None:
+        self.select_calls += 1
+        for e in self.engines:
+            e.advance(now)
+        cfg = self.config
+        snapshots = [e.snapshot() for e in self.engines]
+        sel = self.policy.select(snapshots, _confidence(job, self.variant.router), cfg.tau, cfg.delta_s)
+        e = self.by_id[sel.engine_id]
+        self.enqueue(e, _Req(job, e.model, 0, 0, now, now, []), now)
+        self.admit(e, now)
+        self.schedule(e, now)
+
+    def engine_event(self, e: _Engine, kind: str, now: float) -> None:
+        e.advance(now)
+        if kind == "kvfull" and len(e.running) > 1:
+            self.preempt(e, now)
+        while e.running and e.running[0][0] <= e.counter + 1e-9:
+            _, _, done = heapq.heappop(e.running)
+            e.kv_offset -= done.kv_base - done.start
+            e.inflight -= done.y_hat
+            run = done.job.runs[done.model]
+            if done.stage + 1 < len(run.stages):
+                nxt = _Req(done.job, done.model, done.stage + 1, 0, now, done.arrival_s, done.queue_s)
+                self.enqueue(e, nxt, now)
+                continue
+            self.results.append(
+                WorkflowResult(
+                    done.job.index,
+                    done.model,
+                    done.arrival_s,
+                    now - done.arrival_s,
+                    run.total_tokens,
+                    run.score,
+                    tuple(done.queue_s),
+                )
+            )
+        self.admit(e, now)
+        self.schedule(e, now)
+
+    def run(self, jobs: Sequence[Job]) -> SimResult:
+        rng = random.Random(self.config.seed)
+        t = 0.0
+        for job in jobs:
+            t += rng.expovariate(self.config.rps)
+            self.arrivals.append((t, next(self.seq), job))
+        self.arrivals.reverse()  # pop() from the end is the earliest
+        while self.arrivals or self.events:
+            if self.events and (not self.arrivals or self.events[0][0] < self.arrivals[-1][0]):
+                now, _, kind, idx, version = heapq.heappop(self.events)
+                e = self.engines[idx]
+                if version == e.version:
+                    self.engine_event(e, kind, now)
+            else:
+                now, _, job = self.arrivals.pop()
+                self.arrive(job, now)
+        self.results.sort(key=lambda r: r.job)
+        return SimResult(
+            self.config, tuple(self.results), self.select_calls, self.priority_calls, self.preemptions
+        )
+
+
+def simulate(
+    jobs: Sequence[Job],
+    config: SimConfig,
+    specs: Mapping[str, EngineSpec],
+    policies: Mapping[str, Policy] = POLICIES,
+) -> SimResult:
+    """Run ``jobs`` arriving at ``config.rps`` through the pool; every workflow runs to completion.
+
+    ``policies`` is the product's registry; a test may pass a wrapped copy to count the calls.
+    """
+    return _Sim(config, specs, policies).run(jobs)
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """The numbers frontier.json reports for one run."""
+
+    latency_per_token_ms: float  # mean over workflows of E2E / output tokens
+    latency_per_token_ratio_ms: float  # total E2E / total tokens (less sensitive to tiny outputs)
+    e2e_mean_s: float
+    e2e_p99_s: float
+    queue_mean_s: float  # per stage request
+    score: float
+    share: Mapping[str, float]  # share of workflows per model
+    queue_by_model_s: Mapping[str, float]
+    workflows: int
+
+
+def summarize(res: SimResult) -> Summary:
+    wf = res.workflows
+    if not wf:
+        raise ValueError("no workflow finished")
+    e2e = sorted(w.e2e_s for w in wf)
+    queues = [q for w in wf for q in w.queue_s]
+    models = sorted({w.model for w in wf})
+    by_model = {m: [q for w in wf if w.model == m for q in w.queue_s] for m in models}
+    return Summary(
+        latency_per_token_ms=sum(1000 * w.e2e_s / max(1, w.tokens) for w in wf) / len(wf),
+        latency_per_token_ratio_ms=1000 * sum(e2e) / max(1, sum(w.tokens for w in wf)),
+        e2e_mean_s=sum(e2e) / len(e2e),
+        e2e_p99_s=e2e[min(len(e2e) - 1, math.ceil(0.99 * len(e2e)) - 1)],
+        queue_mean_s=sum(queues) / len(queues),
+        score=sum(w.score for w in wf) / len(wf),
+        share={m: sum(w.model == m for w in wf) / len(wf) for m in models},
+        queue_by_model_s={m: sum(v) / len(v) for m, v in by_model.items() if v},
+        workflows=len(wf),
+    )
