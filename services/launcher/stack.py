@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
@@ -42,6 +42,8 @@ class Stack:
     state_dir: Path
     # The live child processes, so that tests and tools can signal one (e.g. kill a worker).
     supervisor: Supervisor
+    # Prometheus endpoints (host:port, path /metrics): router, predictor, dispatcher, worker-<engine id>.
+    metrics: dict[str, str] = field(default_factory=dict)
 
 
 def free_port(host: str) -> int:
@@ -111,6 +113,13 @@ def running_stack(settings: LauncherSettings, pool: PoolSpec | None = None) -> I
             "http": _port(host, settings.http_port),
         }
         addr = {k: f"{host}:{v}" for k, v in ports.items()}
+        # Always free ports: several workers share this host, so no fixed default could serve them all.
+        names = ["router", "predictor", "dispatcher", *(f"worker-{e.id}" for e in pool.engines)]
+        metrics = {name: f"{host}:{free_port(host)}" for name in names}
+
+        def metrics_port(name: str) -> str:
+            return metrics[name].rsplit(":", 1)[1]
+
         common = {"CHIMERA_REDIS_URL": redis_url, "CHIMERA_KEY_PREFIX": settings.key_prefix}
         py = sys.executable
 
@@ -126,6 +135,7 @@ def running_stack(settings: LauncherSettings, pool: PoolSpec | None = None) -> I
                 {
                     "CHIMERA_ROUTER_HOST": host,
                     "CHIMERA_ROUTER_PORT": str(ports["router"]),
+                    "CHIMERA_ROUTER_METRICS_PORT": metrics_port("router"),
                     "CHIMERA_ROUTER_ARTIFACT_DIR": str(artifacts.router),
                 },
                 grpc_probe(addr["router"]),
@@ -137,6 +147,7 @@ def running_stack(settings: LauncherSettings, pool: PoolSpec | None = None) -> I
                 {
                     "CHIMERA_PREDICTOR_HOST": host,
                     "CHIMERA_PREDICTOR_PORT": str(ports["predictor"]),
+                    "CHIMERA_PREDICTOR_METRICS_PORT": metrics_port("predictor"),
                     "CHIMERA_PREDICTOR_ARTIFACT_DIR": str(artifacts.predictor),
                 },
                 grpc_probe(addr["predictor"]),
@@ -149,7 +160,11 @@ def running_stack(settings: LauncherSettings, pool: PoolSpec | None = None) -> I
             child(
                 f"worker-{e.id}",
                 "services.worker",
-                _worker_env(e),
+                {
+                    **_worker_env(e),
+                    "CHIMERA_WORKER_METRICS_HOST": host,
+                    "CHIMERA_WORKER_METRICS_PORT": metrics_port(f"worker-{e.id}"),
+                },
                 worker_probe(redis_url, keys, e.id, started),
                 True,
             )
@@ -163,6 +178,7 @@ def running_stack(settings: LauncherSettings, pool: PoolSpec | None = None) -> I
                 "CHIMERA_DISPATCHER_HOST": host,
                 "CHIMERA_DISPATCHER_PORT": str(ports["dispatcher"]),
                 "CHIMERA_DISPATCHER_HTTP_PORT": str(ports["http"]),
+                "CHIMERA_DISPATCHER_METRICS_PORT": metrics_port("dispatcher"),
                 "CHIMERA_DISPATCHER_ROUTER_ADDR": addr["router"],
                 "CHIMERA_DISPATCHER_PREDICTOR_ADDR": addr["predictor"],
             },
@@ -178,6 +194,7 @@ def running_stack(settings: LauncherSettings, pool: PoolSpec | None = None) -> I
                 except RuntimeError as exc:
                     log.error("%s", exc)
 
+        log.info("metrics: %s", ", ".join(f"{k} http://{v}/metrics" for k, v in metrics.items()))
         watcher = threading.Thread(target=watch, name="supervisor", daemon=True)
         watcher.start()
         yield Stack(
@@ -190,6 +207,7 @@ def running_stack(settings: LauncherSettings, pool: PoolSpec | None = None) -> I
             pool,
             state,
             sup,
+            metrics,
         )
     finally:
         stop_watch.set()

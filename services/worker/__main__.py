@@ -7,20 +7,23 @@ import logging
 import signal
 import sys
 
+from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
 from services.common.keys import Keys
 from services.common.logs import setup_logging
+from services.common.metrics import start_exporter
 from services.common.queue import QueueStore
 from services.worker.config import WorkerSettings
 from services.worker.engine.base import EngineDeadError
 from services.worker.engine.factory import build_engine
+from services.worker.metrics import WorkerMetrics
 from services.worker.worker import Worker
 
 
-async def main(s: WorkerSettings) -> int:
+async def main(s: WorkerSettings, metrics: WorkerMetrics) -> int:
     redis = Redis.from_url(s.redis_url, decode_responses=True)
-    worker = Worker(QueueStore(redis, Keys(s.key_prefix)), redis, build_engine(s), s.options())
+    worker = Worker(QueueStore(redis, Keys(s.key_prefix)), redis, build_engine(s), s.options(), metrics)
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, worker.request_stop)
     try:
@@ -36,4 +39,9 @@ async def main(s: WorkerSettings) -> int:
 if __name__ == "__main__":
     settings = WorkerSettings()
     setup_logging("worker", settings.log_level)
-    sys.exit(asyncio.run(main(settings)))
+    registry = CollectorRegistry()
+    exporter = start_exporter(registry, settings.metrics_host, settings.metrics_port)
+    code = asyncio.run(main(settings, WorkerMetrics(registry, settings.engine_id, settings.model)))
+    if exporter is not None:
+        exporter.stop()
+    sys.exit(code)

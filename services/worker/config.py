@@ -45,6 +45,10 @@ class WorkerSettings(CommonSettings):
     claim_wait_s: float = Field(
         default=0.5, gt=0.0, le=30.0, description="longest idle wait for the queue's doorbell"
     )
+    metrics_host: str = Field(default="127.0.0.1", min_length=1, description="interface /metrics binds")
+    metrics_port: int = Field(
+        default=9404, ge=0, le=65535, description="Prometheus /metrics port (0 picks a free one, logged)"
+    )
     worker_id: str = Field(
         default="", max_length=200, description="worker identity in claims; empty: host-pid-random"
     )

@@ -20,6 +20,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -27,6 +28,7 @@ from services.common.queue import QueueStore
 from services.common.types import ClaimedRequest, StageResult, TraceRow
 from services.worker import registration
 from services.worker.engine.base import Engine, EngineDeadError, EngineOutput
+from services.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +64,17 @@ class _Job:
 
 
 class Worker:
-    def __init__(self, queue: QueueStore, redis: Redis, engine: Engine, opts: WorkerOptions) -> None:
+    def __init__(
+        self,
+        queue: QueueStore,
+        redis: Redis,
+        engine: Engine,
+        opts: WorkerOptions,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
         self._q = queue
+        # Without one from __main__ (tests), metrics go to a private registry nobody scrapes.
+        self._m = metrics or WorkerMetrics(CollectorRegistry(), opts.engine_id, engine.model)
         self._r = redis
         self._engine = engine
         self._o = opts
@@ -175,6 +186,9 @@ class Worker:
             for c in claimed:
                 self._start_job(c)
             if claimed:
+                self._m.claimed(len(claimed))
+                self._occupancy()
+            if claimed:
                 continue
             if o.burst:
                 if not self._held:
@@ -223,26 +237,35 @@ class Worker:
                 await self._q.fail(
                     c, "DEADLINE_EXCEEDED", f"deadline passed {late:.3f} s before it could start"
                 )
+                self._m.ended("deadline_exceeded")
                 return
             t0 = time.time()
             final, text = await self._generate(job)
             run_s = time.time() - t0
             if job.lost:
                 log.info("request %s: lease lost, dropped", job.key)
+                self._m.ended("lost")
                 return
             await self._complete(job, final, text, run_s)
         except EngineDeadError as exc:
             log.error("engine died while running %s: %s", job.key, exc)
+            self._m.engine_error("dead")
             if self._fatal is None:
                 self._fatal = exc
             self._stop.set()
         except Exception as exc:
             log.exception("request %s failed", job.key)
+            self._m.engine_error("request")
+            self._m.ended("failed")
             with contextlib.suppress(RedisError):
                 await self._q.fail(c, "INTERNAL", f"{type(exc).__name__}: {exc}")
         finally:
             self._held.pop(req.request_id, None)
             self._slot_freed.set()
+            self._occupancy()
+
+    def _occupancy(self) -> None:
+        self._m.occupancy(self._engine.running(), len(self._held))
 
     async def _generate(self, job: _Job) -> tuple[EngineOutput, str]:
         """Run the request on the engine, publishing coalesced deltas. Returns the final output and text."""
@@ -323,8 +346,10 @@ class Worker:
         }
         if await self._q.complete(c, result, trace, extra):
             self.completed_total += 1
+            self._m.completed(reason, run_s, final.completion_tokens)
         else:
             log.info("request %s: lease lost before completion, result dropped", job.key)
+            self._m.ended("lost")
 
     async def _abort(self, job: _Job) -> None:
         job.aborted = True
@@ -348,6 +373,7 @@ class Worker:
                 if job is not None and not job.lost:
                     log.warning("request %s: lease lost (re-queued elsewhere); aborting", job.key)
                     job.lost = True
+                    self._m.lease_lost()
                     await self._abort(job)
             for rid in res.cancelled:
                 job = self._held.get(rid)
@@ -365,6 +391,7 @@ class Worker:
                 )
             except RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)
+            self._occupancy()
             if await self._closed_within(o.heartbeat_s):
                 return
 
@@ -376,6 +403,7 @@ class Worker:
             return
         if ids:
             log.info("re-queued %d requests whose lease expired: %s", len(ids), ids[:10])
+            self._m.requeued(len(ids))
 
     async def _reap_loop(self) -> None:
         while not await self._closed_within(self._o.lease_s / 2.0):
