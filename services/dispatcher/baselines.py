@@ -20,7 +20,8 @@ function; the registry cannot change what the caller feeds it, so each entry sta
   FCFS within a level, and promotion by waiting time through the same linear aging as Chimera's queue. Queues
   are non-preemptive (a stage, once running, finishes), as every policy here: the engine's batch is not
   re-ordered.
-- ``chimera-plus``: the improved rule (``plus_select``), with Chimera's priority.
+- ``chimera-plus``: the improved rule (``plus_select``: completion-time cost, cost-scaled margin), with
+  Chimera's priority.
 
 The registry entries live in ``policy.POLICIES``.
 """
@@ -43,11 +44,13 @@ if TYPE_CHECKING:
 # vLLM's DP load balancer score weight on waiting requests (vllm/v1/engine/core_client.py, paper §8 [S]).
 VLLM_WAITING_WEIGHT = 4
 MLFQ_LEVEL_FLOORS: tuple[int, ...] = (0, 256, 1024, 4096)
-# chimera-plus defaults: a nominal new workflow (tokens; about the workload's mean total output, paper §5
-# 447-709) and how many times an output token is prefilled again by later stages (a 4-stage workflow
-# re-reads its first output 3 times, a 1-stage one never: about 1 over the paper's uniform 1/2/4 mix).
+# chimera-plus defaults, both properties of the workload rather than of any policy:
+# - a nominal new workflow, in output tokens: about the workload's mean total output (paper §5: 447-709);
+# - prompt tokens prefilled per output token: a stage's prompt (role prompt, task, the history so far) is
+#   about twice its output in the workload (measured per model in bench/results/README.md, 533-960 prompt vs
+#   194-685 output tokens per stage), and every one of those prefill tokens takes the GPU from the batch.
 PLUS_NOMINAL_TOKENS = 600
-PLUS_HISTORY_REFILL = 1.0
+PLUS_PREFILL_PER_TOKEN = 2.0
 
 
 def _alive(engines: Sequence[EngineSnapshot]) -> list[EngineSnapshot]:
@@ -115,26 +118,33 @@ def mlfq_priority(predicted_tokens: int, enqueued_unix: float, aging_rate: float
     return priority_score(floor, enqueued_unix, aging_rate, cap)
 
 
+def effective_step_ms(e: EngineSnapshot, batch: int, prefill_per_token: float) -> float:
+    """Time per decode step at ``batch`` sequences, counting the prefill their stages bring along."""
+    p = e.profile
+    return p.step_time_ms(batch) + batch * prefill_per_token * p.prefill_ms_per_token
+
+
 def completion_ms(
     e: EngineSnapshot,
     nominal_tokens: int = PLUS_NOMINAL_TOKENS,
-    history_refill: float = PLUS_HISTORY_REFILL,
+    prefill_per_token: float = PLUS_PREFILL_PER_TOKEN,
 ) -> float:
     """Predicted completion time of a new nominal workflow on ``e``: its own decode at the batch it joins,
-    plus the queued work ahead of it drained at full-batch throughput (decode and re-prefill of histories).
+    plus the queued work ahead of it drained at full-batch throughput, both with their share of prefill.
 
-    Why not the paper's L[m]: (1) it prices every token at ``decode_ms_per_token / max_batch_size``, i.e. as
-    if the engine always ran a full batch, so an engine with a few long sequences looks nearly free while
-    each of them still decodes at single-stream speed; (2) running work already holds its slots, so only the
-    *queued* share of the in-flight ŷ delays a newcomer, which keeps one heavy-tailed ŷ from inflating an
-    engine's load; (3) later stages re-prefill the history; (4) the result is never 0, so the relative slack
-    still compares models on an idle pool, where L_fast = 0 lets no strong model in.
+    Why not the paper's L[m]: (1) it prices every token at ``decode_ms_per_token / max_batch_size``, as if
+    the engine always ran a full batch at single-stream step time, so an engine with a few sequences looks
+    nearly free while each of them decodes at single-stream speed, and a full one looks cheaper than it is;
+    (2) it ignores prefill, and stages re-prefill a growing history (about two prompt tokens per output
+    token here), which on a 7B-14B model costs as much GPU time as decoding; (3) running work already holds
+    its slots, so only the *queued* share of the in-flight ŷ delays a newcomer, which keeps one heavy-tailed
+    ŷ from inflating an engine's load; (4) the result is never 0, so the relative slack still compares
+    models on an idle pool, where L_fast = 0 lets no strong model in.
     """
-    p = e.profile
-    cap = max(1, p.max_batch_size)
+    cap = max(1, e.profile.max_batch_size)
     n = max(0, e.queued) + max(0, e.running)
-    own = nominal_tokens * (p.step_time_ms(min(cap, n + 1)) + history_refill * p.prefill_ms_per_token)
-    per_token = p.step_time_ms(cap) / cap + history_refill * p.prefill_ms_per_token
+    own = nominal_tokens * effective_step_ms(e, min(cap, n + 1), prefill_per_token)
+    per_token = effective_step_ms(e, cap, prefill_per_token) / cap
     queued_share = max(0, e.queued) / n if n else 0.0
     return own + e.inflight_tokens * queued_share * per_token
 
@@ -143,7 +153,10 @@ def plus_select(
     engines: Sequence[EngineSnapshot], confidence: Mapping[str, float], tau: float, delta_s: float
 ) -> Selection:
     """Algorithm 1's scan (descending q; first within the slack and above the margin) on ``completion_ms``
-    instead of L[m]. ``load_ms`` in the record is that completion estimate."""
+    instead of L[m], with a margin that grows with the candidate's relative cost: a model k times slower
+    than the fastest must beat its confidence by ``delta_s * k``. The paper's flat margin spends the strong
+    model's capacity on whichever workflows arrive while it has slack; the scaled one keeps it for the
+    workflows the router expects to gain most. ``load_ms`` in the record is the completion estimate."""
     from services.dispatcher.policy import _EPS, CandidateCheck, Selection
 
     if tau < 0 or delta_s < 0:
@@ -162,7 +175,7 @@ def plus_select(
             q=q[e.engine_id],
             load_ms=cost[e.engine_id],
             slack_ok=cost[e.engine_id] <= bound + _EPS,
-            margin_ok=q[e.engine_id] >= q_fast + delta_s - _EPS,
+            margin_ok=q[e.engine_id] >= q_fast + delta_s * cost[e.engine_id] / c_fast - _EPS,
         )
         for e in order
     )
