@@ -8,7 +8,7 @@ from typing import Any
 from celery.signals import worker_ready
 
 from services.common.logs import setup_logging
-from services.jobs.app import make_app
+from services.jobs.app import NODE, make_app
 from services.jobs.config import JobsSettings
 
 
@@ -22,13 +22,14 @@ def main() -> None:
         f"--queues={settings.queue}",
         f"--concurrency={settings.concurrency}",
         f"--loglevel={settings.log_level}",
-        "--hostname=chimera-jobs@%h",
+        f"--hostname={NODE}@%h",
     ]
     if settings.beat and app.conf.beat_schedule:
         argv += ["--beat", f"--schedule={settings.state_dir / 'beat-schedule'}"]
 
     def ready(**_: Any) -> None:
-        logging.getLogger("services.jobs").info("serving on %s queue %s", settings.broker_url, settings.queue)
+        broker = app.connection_for_read().as_uri()  # without the password
+        logging.getLogger("services.jobs").info("serving on %s queue %s", broker, settings.queue)
 
     worker_ready.connect(ready, weak=False)
     app.worker_main(argv)

@@ -13,6 +13,8 @@ from celery import Celery
 from services.jobs.config import JobsSettings
 from services.jobs.tasks import EXPORT_TRACES, RETRAIN_PREDICTOR, RETRAIN_ROUTER, register
 
+NODE = "chimera-jobs"  # worker node name: f"{NODE}@<host>", which the container health check pings
+
 
 def make_app(settings: JobsSettings, *, eager: bool = False) -> Celery:
     """Build the app and register its tasks. ``eager`` runs tasks inline (unit tests; no broker)."""

@@ -22,7 +22,6 @@ from services.common.config import CommonSettings
 from services.common.keys import Keys
 
 log = logging.getLogger("healthcheck")
-JOBS_NODE = "chimera-jobs"  # the worker's --hostname is f"{JOBS_NODE}@%h"
 
 
 def check_grpc(addr: str, timeout_s: float = 2.0, service: str = "") -> bool:
@@ -56,11 +55,11 @@ def check_heartbeat(r: redis.Redis, keys: Keys, engine: str, max_age_s: float) -
 
 
 def check_celery(timeout_s: float = 2.0) -> bool:
-    from services.jobs.app import make_app  # Celery is imported only by the check that needs it
+    from services.jobs.app import NODE, make_app  # Celery is imported only by the check that needs it
     from services.jobs.config import JobsSettings
 
     app = make_app(JobsSettings())
-    replies = app.control.ping(destination=[f"{JOBS_NODE}@{socket.gethostname()}"], timeout=timeout_s)
+    replies = app.control.ping(destination=[f"{NODE}@{socket.gethostname()}"], timeout=timeout_s)
     if not replies:
         log.error("jobs worker on %s did not answer", socket.gethostname())
     return bool(replies)

@@ -48,7 +48,7 @@ def register(app: Celery, settings: JobsSettings) -> None:
         try:
             with (
                 client() as r,
-                lease(r, f"{keys.prefix}:{{jobs}}:retrain:{kind}:lock", _ms(settings.retrain_lock_s)),
+                lease(r, retrain.lock_key(keys, kind), _ms(settings.retrain_lock_s)),
             ):
                 result = run(settings.traces_dir, root, backend, settings.retrain_min_rows)
         except Busy:
