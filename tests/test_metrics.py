@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import urllib.request
 import uuid
@@ -15,7 +16,8 @@ from typing import Any
 import fakeredis
 import grpc
 import pytest
-from prometheus_client import CollectorRegistry
+import yaml
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -27,12 +29,16 @@ from services.common.keys import Keys
 from services.common.metrics import ModelServiceMetrics, confidence_bucket, start_exporter
 from services.common.types import ChatMessage, Prediction, SamplingParams, StageRequest
 from services.demo.client import WorkflowRun, plan_runs, run_stage
+from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.dispatch import Dispatched
 from services.dispatcher.metrics import DispatcherMetrics, EngineCollector
 from services.dispatcher.stream import Final
 from services.launcher.config import LauncherSettings
 from services.launcher.pool import EngineSpec, PoolSpec
 from services.launcher.stack import Stack, running_stack
+from services.predictor.config import PredictorSettings
+from services.router.config import RouterSettings
+from services.worker.config import WorkerSettings
 from services.worker.metrics import WorkerMetrics
 from services.workload.corpus import embedded_corpus
 
@@ -188,8 +194,6 @@ def test_open_programs_are_bounded() -> None:
 
 
 def parse_registry(reg: CollectorRegistry) -> Samples:
-    from prometheus_client import generate_latest
-
     return parse(generate_latest(reg).decode())
 
 
@@ -430,3 +434,45 @@ def test_every_service_exposes_metrics_that_add_up_after_a_run(stack: Stack) -> 
         assert total(m, f"chimera_{svc}_batch_size_count") > 0, svc
         assert total(m, f"chimera_{svc}_batch_seconds_count", ok="true") > 0, svc
         assert total(m, f"chimera_{svc}_artifact_info") == 1, svc
+
+
+# --- deploy files agree with the code -------------------------------------------------------------------
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+
+
+def _exposed_names() -> set[str]:
+    reg = CollectorRegistry()
+    ModelServiceMetrics(reg, "router")
+    ModelServiceMetrics(reg, "predictor")
+    DispatcherMetrics(reg)
+    WorkerMetrics(reg, "e0", "m")
+    reg.register(EngineCollector(fakeredis.FakeRedis(decode_responses=True), Keys("x"), 15.0))
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    return {fam.name + s for fam in reg.collect() for s in suffixes.get(fam.type, ("",))}
+
+
+@pytest.mark.unit
+def test_dashboard_queries_only_series_the_services_expose() -> None:
+    dash = json.loads((DEPLOY / "grafana" / "chimera-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    used = {n for e in exprs for n in re.findall(r"\bchimera_[a-z_]+", e)}
+    assert len(used) >= 30
+    assert used - _exposed_names() == set()
+    datasource = (DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text()
+    uids = {t["datasource"]["uid"] for p in dash["panels"] for t in p.get("targets", [])}
+    assert uids == {"chimera-prometheus"} and "uid: chimera-prometheus" in datasource
+
+
+@pytest.mark.unit
+def test_prometheus_scrapes_every_service_on_its_default_metrics_port() -> None:
+    conf = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    targets = {t for job in conf["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
+    for host, cls in (
+        ("dispatcher", DispatcherSettings),
+        ("router", RouterSettings),
+        ("predictor", PredictorSettings),
+        ("worker-0", WorkerSettings),
+        ("worker-1", WorkerSettings),
+    ):
+        assert f"{host}:{cls.model_fields['metrics_port'].default}" in targets
