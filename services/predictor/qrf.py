@@ -12,7 +12,9 @@ so nothing is lost at prediction time.
 
 NOTE(n_jobs): training may use several cores, but the forests are switched to ``n_jobs=1`` before they are
 returned or saved: with more, every predict call pays tens of milliseconds of thread start-up, far more
-than a one-row prediction costs (offline-assets.md §4).
+than a one-row prediction costs (offline-assets.md §4). Serving then goes through a flattened copy of each
+forest (``flatforest.py``) that gives the same quantiles several times faster; the fitted forests stay in
+the artifact so either path can be checked against the other.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from quantile_forest import RandomForestQuantileRegressor
 from services.common.tracestore import remaining_tokens
 from services.common.types import TraceRow
 from services.predictor.features import CategoryFeatures, ConcatFeatures, CountFeatures, PredictorInput
+from services.predictor.flatforest import FlatForest
 from services.predictor.sketch import TextSketch
 
 MIN_ROWS_PER_MODEL = 2
@@ -37,9 +40,10 @@ class QrfPredictor:
 
     def __init__(
         self,
-        n_estimators: int = 100,
-        min_samples_leaf: int = 5,
+        n_estimators: int = 50,
+        min_samples_leaf: int = 10,
         max_features: float = 0.5,
+        max_samples_leaf: int | None = 1,
         sketch_components: int = 32,
         fit_jobs: int = 1,
         seed: int = 0,
@@ -49,12 +53,14 @@ class QrfPredictor:
         self.n_estimators = n_estimators
         self.min_samples_leaf = min_samples_leaf
         self.max_features = max_features
+        self.max_samples_leaf = max_samples_leaf
         self.fit_jobs = fit_jobs
         self.seed = seed
         self.features = ConcatFeatures(
             [CountFeatures(), CategoryFeatures(), TextSketch(components=sketch_components, seed=seed)]
         )
         self._forests: dict[str, RandomForestQuantileRegressor] = {}
+        self._flat: dict[str, FlatForest] = {}
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -77,6 +83,7 @@ class QrfPredictor:
                 n_estimators=self.n_estimators,
                 min_samples_leaf=self.min_samples_leaf,
                 max_features=self.max_features,
+                max_samples_leaf=self.max_samples_leaf,
                 random_state=self.seed,
                 n_jobs=self.fit_jobs,
             )
@@ -86,8 +93,22 @@ class QrfPredictor:
         if not forests:
             raise ValueError(f"no model has {MIN_ROWS_PER_MODEL} or more trace rows")
         self._forests = forests
+        # Only one-sample leaves flatten (see flatforest.py); other settings serve through the forests.
+        flat = self.max_samples_leaf == 1
+        self._flat = {m: FlatForest.from_quantile_forest(f) for m, f in forests.items()} if flat else {}
 
     def predict(self, rows: Sequence[PredictorInput], quantiles: Sequence[float]) -> npt.NDArray[np.float64]:
+        return self._predict(rows, quantiles, flat=bool(self._flat))
+
+    def predict_with_forests(
+        self, rows: Sequence[PredictorInput], quantiles: Sequence[float]
+    ) -> npt.NDArray[np.float64]:
+        """The same as ``predict`` through quantile-forest's own ``predict`` (slower; for checking)."""
+        return self._predict(rows, quantiles, flat=False)
+
+    def _predict(
+        self, rows: Sequence[PredictorInput], quantiles: Sequence[float], flat: bool
+    ) -> npt.NDArray[np.float64]:
         qs = [float(q) for q in quantiles]
         out = np.empty((len(rows), len(qs)), dtype=np.float64)
         if not rows:
@@ -99,7 +120,10 @@ class QrfPredictor:
         model_of = np.array([r.model for r in rows])
         for m in sorted(set(model_of.tolist())):
             idx = np.flatnonzero(model_of == m)
-            pred = np.asarray(self._forests[m].predict(x[idx], quantiles=qs), dtype=np.float64)
+            if flat:
+                pred = self._flat[m].predict(x[idx], qs)
+            else:
+                pred = np.asarray(self._forests[m].predict(x[idx], quantiles=qs), dtype=np.float64)
             out[idx] = pred.reshape(len(idx), len(qs))
         # Quantiles come back per column; a later column never falls below an earlier one for sorted input,
         # but callers may ask in any order, and rounding in expm1 must not break monotonicity either.

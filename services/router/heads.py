@@ -75,7 +75,7 @@ class LinearHeads:
                 n = len(y)
                 self._heads[m] = (float(y.sum()) + 0.5) / (n + 1.0)
                 continue
-            head = LogisticRegression(C=self.c, solver="liblinear", max_iter=self.max_iter)
+            head = LogisticRegression(C=self.c, solver="liblinear", max_iter=self.max_iter, random_state=0)
             head.fit(x[idx], y)
             self._heads[m] = head
         if not self.models:
