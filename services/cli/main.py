@@ -24,7 +24,9 @@ app.add_typer(inspect_app)
 # Wide enough for the demo's tables when stdout is not a terminal (CI logs, pipes).
 console = Console(width=180)
 
-PoolOpt = Annotated[Path | None, typer.Option("--pool", help="engine pool YAML (default: embedded)")]
+PoolOpt = Annotated[
+    Path | None, typer.Option("--pool", help="pool YAML, or an embedded pool: vllm-cpu (default), simulated")
+]
 
 
 def _settings(pool: Path | None, **overrides: object) -> LauncherSettings:

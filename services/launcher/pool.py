@@ -1,7 +1,8 @@
 """The engine pool an operator serves: which engines exist, what model each runs and how.
 
-A pool is a small YAML file (``chimera up --pool FILE``); ``default_pool.yaml`` beside this module is the
-embedded default that ``make demo`` runs.
+A pool is a small YAML file (``chimera up --pool FILE``). The embedded pools are in ``pools/``:
+``vllm-cpu`` (the default: two real vLLM engines of different size) and ``simulated`` (profile-driven
+simulated engines, a measuring instrument); ``--pool simulated`` names one.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 POOLS = Path(__file__).with_name("pools")
-DEFAULT_POOL = Path(__file__).with_name("default_pool.yaml")
+DEFAULT_POOL = POOLS / "vllm-cpu.yaml"
 
 
 class EngineSpec(BaseModel):
@@ -47,6 +48,15 @@ class PoolSpec(BaseModel):
         return tuple(dict.fromkeys(e.model for e in self.engines))
 
 
+def resolve_pool(path: Path | None) -> Path:
+    """A pool file path, or the name of an embedded pool (``simulated``, ``vllm-cpu``)."""
+    if path is None:
+        return DEFAULT_POOL
+    if not path.exists() and (POOLS / f"{path}.yaml").exists():
+        return POOLS / f"{path}.yaml"
+    return path
+
+
 def load_pool(path: Path | None = None) -> PoolSpec:
-    raw = yaml.safe_load((path or DEFAULT_POOL).read_text())
+    raw = yaml.safe_load(resolve_pool(path).read_text())
     return PoolSpec.model_validate(raw)

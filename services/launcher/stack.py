@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import sys
 import threading
@@ -73,6 +74,9 @@ def worker_probe(redis_url: str, keys: Keys, engine: str, started: float) -> Hea
     return probe
 
 
+CPU_VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+
+
 def _worker_env(spec: EngineSpec) -> dict[str, str]:
     env = {
         "CHIMERA_WORKER_ENGINE_ID": spec.id,
@@ -81,6 +85,12 @@ def _worker_env(spec: EngineSpec) -> dict[str, str]:
         "CHIMERA_WORKER_MAX_NUM_SEQS": str(spec.max_num_seqs),
     }
     env.update({f"CHIMERA_WORKER_{k.upper()}": v for k, v in spec.env.items()})
+    if spec.kind == "vllm":
+        # vllm-cpu on a shared machine: a 1 GiB KV cache, and one unpinned OpenMP thread per engine
+        # (binding both cores starves everything else; measured in services/worker/engine/vllm_engine.py).
+        # Ignored by vLLM on a GPU. An operator's own environment wins.
+        for name, value in CPU_VLLM_ENV.items():
+            env.setdefault(name, os.environ.get(name, value))
     return env
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
@@ -21,10 +22,9 @@ class WorkerSettings(CommonSettings):
         default="e0", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="engine id; also its Redis hash tag"
     )
     model: str = Field(default="sim-model", min_length=1, description="model name the dispatcher routes by")
-    engine_kind: str = Field(
+    engine_kind: Literal["simulated", "vllm", "remote"] = Field(
         default="simulated",
-        pattern=r"^[a-z]+$",
-        description="engine implementation: simulated (vllm, remote later)",
+        description="engine implementation: simulated (a measuring instrument), vllm (in-process), remote",
     )
     max_num_seqs: int = Field(default=16, ge=1, le=4096, description="sequences the engine runs at once")
     prefetch: int = Field(
@@ -69,6 +69,31 @@ class WorkerSettings(CommonSettings):
         default=0.83, ge=0.0, le=5.0, description="simulated engine: lognormal sigma"
     )
     sim_seed: int = Field(default=0, description="simulated engine: seed of the output-length model")
+    model_path: str = Field(
+        default="tiny",
+        description="vllm: model folder, or tiny | small | smollm2 | gemma3-270m (built locally)",
+    )
+    max_model_len: int = Field(default=2048, ge=64, le=1_048_576, description="vllm: context length")
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
+        default="bfloat16", description="vllm: weight and activation dtype"
+    )
+    kv_cache_gib: float | None = Field(
+        default=1.0, gt=0, description="vllm: KV cache GiB on CPU; unset sizes it by GPU memory"
+    )
+    enforce_eager: bool | None = Field(
+        default=None, description="vllm: unset = eager on CPU, CUDA graphs on GPU"
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.9, gt=0, le=1, description="vllm on GPU: share of GPU memory the engine may use"
+    )
+    remote_url: str = Field(default="", description="remote: OpenAI-compatible server base URL, without /v1")
+    remote_send_priority: bool = Field(
+        default=True,
+        description="remote: send the queue priority (server needs --scheduling-policy priority)",
+    )
+    profile_on_start: bool = Field(
+        default=True, description="profile a real engine at start when no measured profile is stored"
+    )
 
     @field_validator("profile_json")
     @classmethod
@@ -94,4 +119,5 @@ class WorkerSettings(CommonSettings):
             grace_s=self.grace_s,
             heartbeat_s=self.heartbeat_s,
             claim_wait_s=self.claim_wait_s,
+            profile_on_start=self.profile_on_start,
         )

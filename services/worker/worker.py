@@ -29,6 +29,7 @@ from services.common.types import ClaimedRequest, StageResult, TraceRow
 from services.worker import registration
 from services.worker.engine.base import Engine, EngineDeadError, EngineOutput
 from services.worker.metrics import WorkerMetrics
+from services.worker.profiling import profile_engine, store_profile
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,9 @@ class WorkerOptions:
     # Tests: drain the queue and return (burst), or stop claiming after this many claims.
     burst: bool = False
     max_requests: int | None = None
+    # An engine with neither a stored measured profile nor one of its own (a real engine on first start)
+    # is profiled once before it takes work, so the load balancer can weigh it; the result is stored.
+    profile_on_start: bool = True
 
 
 @dataclass(eq=False)
@@ -145,6 +149,10 @@ class Worker:
     async def _register(self) -> None:
         o, keys = self._o, self._q.keys
         measured = await registration.stored_profile(self._r, keys, o.engine_id)
+        if measured is None and self._engine.profile() is None and o.profile_on_start:
+            log.info("engine %s has no measured profile: profiling it before it takes work", o.engine_id)
+            measured = await profile_engine(self._engine)
+            await store_profile(self._r, keys, o.engine_id, measured)
         profile = measured or self._engine.profile()
         fields: dict[str, str | int | float] = {
             "model": self._engine.model,

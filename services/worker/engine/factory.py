@@ -19,7 +19,45 @@ def _simulated(s: WorkerSettings) -> Engine:
     return SimulatedEngine(s.model, profile, s.max_num_seqs, s.time_scale, lengths)
 
 
-ENGINES: dict[str, Callable[[WorkerSettings], Engine]] = {"simulated": _simulated}
+def _vllm(s: WorkerSettings) -> Engine:
+    # Imported here: vLLM and torch take seconds to import and only real-engine workers need them.
+    from services.worker.engine.vllm_engine import VllmEngine, VllmEngineConfig
+    from services.worker.models import resolve_model
+
+    return VllmEngine(
+        VllmEngineConfig(
+            model_path=str(resolve_model(s.model_path)),
+            model=s.model,
+            max_model_len=s.max_model_len,
+            max_num_seqs=s.max_num_seqs,
+            dtype=s.dtype,
+            kv_cache_gib=s.kv_cache_gib,
+            enforce_eager=s.enforce_eager,
+            gpu_memory_utilization=s.gpu_memory_utilization,
+        )
+    )
+
+
+def _remote(s: WorkerSettings) -> Engine:
+    from services.worker.engine.remote import RemoteEngine, RemoteEngineConfig
+
+    if not s.remote_url:
+        raise ValueError("engine_kind=remote needs CHIMERA_WORKER_REMOTE_URL")
+    return RemoteEngine(
+        RemoteEngineConfig(
+            base_url=s.remote_url,
+            model=s.model,
+            max_num_seqs=s.max_num_seqs,
+            send_priority=s.remote_send_priority,
+        )
+    )
+
+
+ENGINES: dict[str, Callable[[WorkerSettings], Engine]] = {
+    "simulated": _simulated,
+    "vllm": _vllm,
+    "remote": _remote,
+}
 
 
 def build_engine(settings: WorkerSettings) -> Engine:
