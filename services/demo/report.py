@@ -68,6 +68,12 @@ def print_report(console: Console, runs: Sequence[WorkflowRun]) -> int:
             "ok" if r.completed else f"[red]{r.error}[/]",
         )
     console.print(table)
+    for r in [r for r in runs if r.completed][:2]:
+        last = r.stages[-1]
+        text = " ".join(last.text.split())[:300]
+        console.print(
+            f"[bold]{r.workflow.name}[/] final stage answered by {last.model} on {last.engine}: {text!r}"
+        )
     done = sum(r.completed for r in runs)
     console.print(f"workflows completed: {done}/{len(runs)}")
     return len(runs) - done
