@@ -12,8 +12,11 @@ Writes ``bench/results/predictors.json`` and ``bench/results/predictors.md``. St
    and length, the observable part of what the outcome model uses; no deployed router has those.
 3. Predictor, per dataset and model: Kendall-tau distance to the true order of total remaining output
    tokens, for the QRF median, the outcome model's own conditional median (the ceiling), FCFS and input
-   length. See ``windowed_kendall`` for the comparison set.
-4. Calibration: mean and std of total workflow tokens per model and dataset next to the targets.
+   length. See ``windowed_kendall`` for the comparison set. ``observable_distance`` is the same kind of
+   diagnostic as ``observable_map``: the QRF given the problem's true difficulty as one more feature.
+4. Calibration: mean and std of total workflow tokens per model and dataset next to the targets, on a
+   separate, larger sample (``--calibration-draws`` per dataset): the small models' tails are so heavy
+   (std 4x the mean) that the training draws alone would give a mean uncertain by 15% or more.
 5. Serving latency: both services started as real processes (``python -m services.router`` / ``.predictor``)
    on loopback serving the artifacts trained here; one client calling in a closed loop (see ``latency``).
 """
@@ -24,6 +27,7 @@ import argparse
 import hashlib
 import json
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -42,13 +46,15 @@ from services.common import artifacts
 from services.common.tokens import approx_tokens
 from services.common.tracestore import remaining_tokens
 from services.predictor.backends import make_backend as make_predictor
-from services.predictor.features import PredictorInput
+from services.predictor.features import ConcatFeatures, PredictorInput
+from services.predictor.qrf import QrfPredictor
 from services.router.backends import RouterBackend
 from services.router.backends import make_backend as make_router
 from services.workload.corpus import Problem, load_corpus
 from services.workload.generate import Program, bindings_for, generate
 from services.workload.models import MODELS, PUBLISHED_LENGTHS, resolve_model, target_for
 from services.workload.outcome import OutcomeModel
+from services.workload.workflows import workflows_for
 
 log = logging.getLogger("bench.predictors")
 
@@ -142,6 +148,21 @@ def _observable_scores(problems: dict[str, Problem], train: list[Program], test:
     return out
 
 
+class _TrueDifficulty:
+    """Diagnostic feature: the corpus difficulty of the task (metadata no request carries)."""
+
+    names = ("true_difficulty",)
+
+    def __init__(self, by_text: dict[str, float]) -> None:
+        self.by_text = by_text
+
+    def fit(self, rows: Sequence[PredictorInput]) -> None:
+        return None
+
+    def transform(self, rows: Sequence[PredictorInput]) -> F64:
+        return np.array([[self.by_text.get(r.user_text, 0.5)] for r in rows], dtype=np.float64)
+
+
 def router_section(
     routers: dict[str, RouterBackend], prior: RouterBackend, observable: F64, test: list[Program]
 ) -> dict[str, Any]:
@@ -174,10 +195,14 @@ def router_section(
     return out
 
 
-def predictor_section(predict: Any, test: list[Program], window: int, seed: int) -> dict[str, Any]:
+def predictor_section(
+    predict: Any, observable: Any, test: list[Program], window: int, seed: int
+) -> dict[str, Any]:
     rows = [t for p in test for t in p.traces]
     truth = np.asarray(remaining_tokens(rows), dtype=np.float64)
-    pred = predict([PredictorInput.from_trace(r) for r in rows], (0.5, 0.9))
+    inputs = [PredictorInput.from_trace(r) for r in rows]
+    pred = predict(inputs, (0.5, 0.9))
+    pred_observable = observable(inputs, (0.5,))
     out: dict[str, Any] = {}
     for dom in DOMAINS:
         per_model: dict[str, Any] = {}
@@ -199,6 +224,7 @@ def predictor_section(predict: Any, test: list[Program], window: int, seed: int)
                     [rows[i].extra["median_remaining"] for i in idx], dtype=np.float64
                 ),
                 "fcfs_distance": arrival_positions(len(idx), s),
+                "observable_distance": pred_observable[idx, 0],
                 "input_length_distance": np.array(
                     [approx_tokens(rows[i].prompt_text) for i in idx], dtype=np.float64
                 ),
@@ -220,10 +246,14 @@ def predictor_section(predict: Any, test: list[Program], window: int, seed: int)
     return out
 
 
-def calibration_section(programs: list[Program]) -> dict[str, Any]:
+def calibration_section(
+    problems: Sequence[Problem], model: OutcomeModel, draws: int, seed: int
+) -> dict[str, Any]:
     totals: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for p in programs:
-        totals[p.detail.model, _domain(p.outcome.workflow)].append(p.detail.total_tokens)
+    for dom in DOMAINS:
+        # Same recipe as the targets: a problem of the dataset uniformly, then one of its workflows uniformly.
+        for p in generate(problems, model, bindings_for(model.models), draws, seed, workflows_for(dom)):
+            totals[p.detail.model, dom].append(p.detail.total_tokens)
     published = {(k, d): (m, s) for k, d, m, s in PUBLISHED_LENGTHS}
     out: dict[str, Any] = {}
     for dom in DOMAINS:
@@ -237,6 +267,7 @@ def calibration_section(programs: list[Program]) -> dict[str, Any]:
             mean = float(t.mean())
             per_model[spec.key] = {
                 "programs": len(t),
+                "mean_standard_error": float(t.std() / np.sqrt(len(t))),
                 "mean": mean,
                 "std": float(t.std()),
                 "target_mean": target.length_mean,
@@ -255,8 +286,13 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for dom in DOMAINS:
         for m, row in result["calibration"][dom].items():
+            value = f"{row['mean']:.0f} vs {row['target_mean']:.0f}"
             out.append(
-                {"target": f"calibration mean within 15% ({dom}, {m})", "met": row["mean_within_15pct"]}
+                {
+                    "target": f"calibration mean within 15% ({dom}, {m})",
+                    "value": value,
+                    "met": row["mean_within_15pct"],
+                }
             )
         for m, row in result["predictor"][dom]["per_model"].items():
             gap = row["gap_to_ceiling"]
@@ -265,7 +301,7 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
             )
         r = result["router"][dom]
         met = abs(r["ceiling_map"] - r["map"]) < abs(r["map"] - r["prior_map"])
-        value = {k: r[k] for k in ("map", "prior_map", "ceiling_map")}
+        value = f"map {r['map']:.3f}, prior {r['prior_map']:.3f}, ceiling {r['ceiling_map']:.3f}"
         out.append(
             {
                 "target": f"tfidf router mAP closer to ceiling than to prior ({dom})",
@@ -273,6 +309,14 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "met": met,
             }
         )
+    gain = result["predictor_gain_over_fcfs"]
+    out.append(
+        {
+            "target": "predictor gain over FCFS, reported next to the paper's 0.314",
+            "value": f"{gain['ours']:.3f} (paper {gain['paper']})",
+            "met": gain["ours"] > 0,
+        }
+    )
     for svc, limit in (("predictor/qrf", 5.0), ("router/tfidf", 10.0)):
         p50 = result["latency"][svc]["batch_1"]["p50_ms"]
         out.append(
@@ -307,6 +351,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     fit_s["predictor/qrf"] = time.perf_counter() - t
     log.info("predictor qrf fitted in %.1f s", fit_s["predictor/qrf"])
 
+    observable = QrfPredictor()
+    observable.features = ConcatFeatures(
+        [*observable.features.parts, _TrueDifficulty({p.text: p.difficulty for p in corpus.problems})]
+    )
+    observable.fit(train_traces)
     prior = routers.pop("prior")
     problems = {p.id: p for p in corpus.problems}
     result: dict[str, Any] = {
@@ -321,8 +370,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "fit_seconds": fit_s,
         "router": router_section(routers, prior, _observable_scores(problems, train, test), test),
-        "predictor": predictor_section(predictor.predict, test, args.window, args.seed),
-        "calibration": calibration_section(programs),
+        "predictor": predictor_section(predictor.predict, observable.predict, test, args.window, args.seed),
+        "calibration": calibration_section(corpus.problems, model, args.calibration_draws, args.seed + 1),
     }
     fcfs = _mean([result["predictor"][d]["fcfs_distance"] for d in DOMAINS])
     qrf = _mean([result["predictor"][d]["kendall_tau_distance"] for d in DOMAINS])
@@ -356,6 +405,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         test_rows = [t for p in test for t in p.traces]
         result["latency"] = latency_section(root, list(routers), test_rows, args.calls, args.seed)
     result["targets"] = targets(result)
+    result["load_average_1m"] = os.getloadavg()[0]  # the machine is shared: context for the latencies
     result["elapsed_s"] = time.perf_counter() - t0
     return result
 
@@ -370,6 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=64, help="requests per Kendall comparison set")
     parser.add_argument("--routers", nargs="+", default=["tfidf"], help="learned router backends to bench")
     parser.add_argument("--calls", type=int, default=300, help="timed calls per latency cell")
+    parser.add_argument("--calibration-draws", type=int, default=3000, help="draws per dataset")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args(argv)
     if "tfidf" not in args.routers:
