@@ -215,6 +215,8 @@ def test_engine_collector_reads_queue_gauges_at_scrape_time() -> None:
     )
     r.hset(k.engine_info("e1"), mapping={"model": "m1"})  # no profile: reported, but dead
     r.zadd(k.queue("e0"), {"a": 1.0, "b": 2.0})
+    r.hset(k.request("e0", "a"), "t_enq", now - 7.0)
+    r.hset(k.request("e0", "b"), "t_enq", now - 30.0)  # worse placed, waiting longer
     r.zadd(k.claims("e0"), {"c": now * 1000})
     reg = CollectorRegistry()
     reg.register(EngineCollector(r, k, dead_after_s=15.0, clock=lambda: now))
@@ -223,9 +225,12 @@ def test_engine_collector_reads_queue_gauges_at_scrape_time() -> None:
     assert value(reg, "chimera_engine_inflight_predicted_tokens", engine="e0", model="m0") == 250
     assert value(reg, "chimera_engine_alive", engine="e0", model="m0") == 1
     assert value(reg, "chimera_engine_alive", engine="e1", model="m1") == 0
+    assert value(reg, "chimera_engine_oldest_queued_age_seconds", engine="e0", model="m0") == 30.0
+    assert value(reg, "chimera_engine_oldest_queued_age_seconds", engine="e1", model="m1") == 0.0
     assert value(reg, "chimera_dispatcher_redis_up") == 1
     r.zrem(k.queue("e0"), "a", "b")
     assert value(reg, "chimera_engine_queue_depth", engine="e0", model="m0") == 0, "read fresh per scrape"
+    assert value(reg, "chimera_engine_oldest_queued_age_seconds", engine="e0", model="m0") == 0.0
 
 
 @pytest.mark.unit
@@ -401,6 +406,7 @@ def test_every_service_exposes_metrics_that_add_up_after_a_run(stack: Stack) -> 
         assert total(d, "chimera_engine_queue_depth", **em) == 0
         assert total(d, "chimera_engine_running", **em) == 0
         assert total(d, "chimera_engine_inflight_predicted_tokens", **em) == 0
+        assert total(d, "chimera_engine_oldest_queued_age_seconds", **em) == 0
         assert total(d, "chimera_engine_alive", **em) == 1
     assert total(d, "chimera_dispatcher_requests_failed_total", code="DEADLINE_EXCEEDED") == 1
     assert total(d, "chimera_dispatcher_errors_total", code="DEADLINE_EXCEEDED", phase="stream") == 1

@@ -156,6 +156,9 @@ class Dispatcher:
         except DispatchError as e:
             self.metrics.refused(e.code)
             raise
+        except Exception:  # the server answers INTERNAL
+            self.metrics.refused("INTERNAL")
+            raise
 
     async def _dispatch(self, req: StageRequest) -> Dispatched:
         started = time.perf_counter()

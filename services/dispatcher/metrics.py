@@ -246,10 +246,13 @@ class DispatcherMetrics:
 
 
 class EngineCollector(Collector):
-    """Per-engine queue depth, running requests and in-flight predicted tokens, read from Redis per scrape.
+    """Per-engine queue depth, running requests, in-flight predicted tokens and the age of the oldest
+    waiting request, read from Redis per scrape.
 
     It runs in the exporter's thread with its own synchronous client, so a scrape never waits on (or
-    blocks) the dispatcher's event loop, and the numbers are as fresh as the scrape.
+    blocks) the dispatcher's event loop, and the numbers are as fresh as the scrape. The oldest age shows
+    starvation while it happens (the age-at-dispatch histogram only sees a request once it is served); it
+    looks at the ``oldest_sample`` worst-placed requests, which is where a starving request sits.
     """
 
     def __init__(
@@ -258,8 +261,10 @@ class EngineCollector(Collector):
         keys: Keys,
         dead_after_s: float,
         clock: Callable[[], float] = time.time,
+        oldest_sample: int = 256,
     ) -> None:
         self._r, self._k, self._dead_after_s, self._clock = redis, keys, dead_after_s, clock
+        self._sample = oldest_sample
 
     def describe(self) -> Iterable[Metric]:
         return []  # the series depend on which engines registered; nothing to check at registration
@@ -280,42 +285,60 @@ class EngineCollector(Collector):
         alive = GaugeMetricFamily(
             "chimera_engine_alive", "1 while the engine heartbeats and has a profile", labels=em
         )
+        oldest = GaugeMetricFamily(
+            "chimera_engine_oldest_queued_age_seconds",
+            "age of the oldest request still waiting in the engine's queue (0 when empty)",
+            labels=em,
+        )
         up = GaugeMetricFamily(
             "chimera_dispatcher_redis_up", "1 if this scrape could read the engines from Redis"
         )
         try:
-            snaps = self._read()
+            snaps, ages = self._read()
         except RedisError as e:
             log.warning("metrics scrape could not read engines: %s", e)
             up.add_metric([], 0)
             return [up]
-        for s in snaps:
+        for s, age in zip(snaps, ages, strict=True):
             labels = [s.engine_id, s.model]
+            oldest.add_metric(labels, age)
             depth.add_metric(labels, s.queued)
             running.add_metric(labels, s.running)
             tokens.add_metric(labels, s.inflight_tokens)
             alive.add_metric(labels, 1 if s.alive else 0)
         up.add_metric([], 1)
-        return [depth, running, tokens, alive, up]
+        return [depth, running, tokens, alive, oldest, up]
 
-    def _read(self) -> list[EngineSnapshot]:
+    def _read(self) -> tuple[list[EngineSnapshot], list[float]]:
         k = self._k
         ids = sorted(str(e) for e in self._r.smembers(k.engines()))
         if not ids:
-            return []
+            return [], []
         pipe = self._r.pipeline(transaction=False)
         for eid in ids:
             pipe.hgetall(k.engine_info(eid))
             pipe.zcard(k.queue(eid))
             pipe.zcard(k.claims(eid))
+            pipe.zrange(k.queue(eid), -self._sample, -1)
         res = pipe.execute()
         now = self._clock()
-        return [
+        snaps = [
             parse_engine(
-                eid, dict(res[3 * i]), int(res[3 * i + 1]), int(res[3 * i + 2]), now, self._dead_after_s
+                eid, dict(res[4 * i]), int(res[4 * i + 1]), int(res[4 * i + 2]), now, self._dead_after_s
             )
             for i, eid in enumerate(ids)
         ]
+        waiting = [[str(r) for r in res[4 * i + 3]] for i in range(len(ids))]
+        pipe = self._r.pipeline(transaction=False)
+        for eid, rids in zip(ids, waiting, strict=True):
+            for rid in rids:
+                pipe.hget(k.request(eid, rid), "t_enq")
+        t_enq = iter(pipe.execute())
+        ages = []
+        for rids in waiting:
+            times = [float(t) for t in (next(t_enq) for _ in rids) if t is not None]
+            ages.append(max(0.0, now - min(times)) if times else 0.0)
+        return snaps, ages
 
 
 @contextlib.contextmanager
