@@ -50,8 +50,8 @@ def _grid(
     plt.close(fig)
 
 
-def _fig3(data: Mapping[str, Any], dataset: str, path: Path) -> None:
-    models = data["fig3"][dataset]
+def _fig3(data: Mapping[str, Any], section: str, dataset: str, path: Path) -> None:
+    models = data[section][dataset]
     names = ("vllm", "ltr", "stjf-learned", "vllm-stjf")
     labels = ("FCFS", "SJF (per-stage ŷ)", "STJF (Chimera ŷ)", "STJF (oracle)")
     fig, axes = plt.subplots(1, len(models), figsize=(3.4 * len(models), 3.0), squeeze=False)
@@ -63,7 +63,7 @@ def _fig3(data: Mapping[str, Any], dataset: str, path: Path) -> None:
             xs = [i + k * width for i in range(len(rps_keys))]
             ax.bar(xs, [by_rps[r][name]["queue_mean_s"] for r in rps_keys], width, label=label)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rps_keys))], [f"RPS {r}" for r in rps_keys])
-        ax.set_title(f"{dataset}: {model}", fontsize=8)
+        ax.set_title(f"{dataset}: {model} ({section})", fontsize=8)
         ax.set_ylabel("mean queue time (s)", fontsize=7)
         ax.tick_params(labelsize=6)
     axes[0][0].legend(fontsize=6)
@@ -87,5 +87,6 @@ def plot_all(data: Mapping[str, Any], out: Path) -> None:
             False,
             out / f"fig6_{d}.png",
         )
-    for d in data["fig3"]:
-        _fig3(data, d, out / f"fig3_{d}.png")
+    for section in ("fig3", "fig3_noaging"):
+        for d in data.get(section, {}):
+            _fig3(data, section, d, out / f"{section}_{d}.png")

@@ -38,6 +38,10 @@ SINGLE = ("qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b")
 FIG3_VARIANTS = ("vllm", "ltr", "stjf-learned", "vllm-stjf")
 BASELINES = ("vllm", "mlfq", "ltr", "vllm-stjf", "stjf-learned")
 TAU_VARIANTS = tuple(v for v, spec in VARIANTS.items() if spec.uses_tau)
+# Figure 3 runs twice: with the dispatcher's aging (20 tokens of credit per second waited, what the product
+# does) and with aging all but off, as the paper's Fig. 3 orders by size alone.
+DEFAULT_AGING = SimConfig((), 1.0, "vllm").aging_rate
+FIG3_AGING = {"fig3": DEFAULT_AGING, "fig3_noaging": 0.001}
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,17 +107,20 @@ def _summary(prep: Prepared, cfg: SimConfig, specs: dict[str, EngineSpec]) -> di
     return out
 
 
-def plan(mode: Mode) -> list[tuple[str, str, float, str, float]]:
-    """Every run of the sweep: (dataset, pool or single model, rps, variant, tau)."""
-    runs: list[tuple[str, str, float, str, float]] = []
+Run = tuple[str, str, float, str, float, str]
+
+
+def plan(mode: Mode) -> list[Run]:
+    """Every run of the sweep: (dataset, pool or single model, rps, variant, tau, section)."""
+    runs: list[Run] = []
     for d in mode.datasets:
         for pool in mode.pools:
             for rps in mode.rps:
-                runs += [(d, pool, rps, v, 0.0) for v in BASELINES]
-                runs += [(d, pool, rps, v, t) for v in TAU_VARIANTS for t in mode.taus]
+                runs += [(d, pool, rps, v, 0.0, "frontier") for v in BASELINES]
+                runs += [(d, pool, rps, v, t, "frontier") for v in TAU_VARIANTS for t in mode.taus]
         for m in mode.fig3_models:
             for rps in mode.fig3_rps:
-                runs += [(d, m, rps, v, 0.0) for v in FIG3_VARIANTS]
+                runs += [(d, m, rps, v, 0.0, sec) for sec in FIG3_AGING for v in FIG3_VARIANTS]
     return runs
 
 
@@ -133,21 +140,19 @@ def sweep(mode: Mode, seed: int, cache: Path) -> dict[str, Any]:
         }
         for d, p in preps.items()
     }
-    frontier: dict[str, Any] = {}
-    fig3: dict[str, Any] = {}
-    for d, pool, rps, v, tau in tqdm(plan(mode), desc="simulate", unit="run"):
+    sections: dict[str, dict[str, Any]] = {"frontier": {}, **{k: {} for k in FIG3_AGING}}
+    for d, pool, rps, v, tau, sec in tqdm(plan(mode), desc="simulate", unit="run"):
         models = POOLS.get(pool, (pool,))
-        summary = _summary(preps[d], SimConfig(models, rps, v, tau=tau, seed=seed), specs)
-        if pool in POOLS:
-            node = frontier.setdefault(d, {}).setdefault(pool, {}).setdefault(f"{rps:g}", {})
-            if VARIANTS[v].uses_tau:
-                node.setdefault(v, {})[f"{tau:g}"] = summary
-            else:
-                node[v] = summary
+        aging = FIG3_AGING.get(sec, DEFAULT_AGING)
+        cfg = SimConfig(models, rps, v, tau=tau, aging_rate=aging, seed=seed)
+        summary = _summary(preps[d], cfg, specs)
+        node = sections[sec].setdefault(d, {}).setdefault(pool, {}).setdefault(f"{rps:g}", {})
+        if VARIANTS[v].uses_tau:
+            node.setdefault(v, {})[f"{tau:g}"] = summary
         else:
-            fig3.setdefault(d, {}).setdefault(pool, {}).setdefault(f"{rps:g}", {})[v] = summary
-    out["frontier"] = frontier
-    out["fig3"] = fig3
+            node[v] = summary
+    out.update(sections)
+    out["fig3_aging_rates"] = FIG3_AGING
     return out
 
 
