@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import random
+import shlex
 import signal
 import statistics
 import subprocess
@@ -53,6 +54,8 @@ class OverheadConfig:
     max_model_len: int = 2048
     server_threads: int = 1  # OpenMP threads of the vLLM server (the rest of the CPUs serve Chimera)
     vllm_worker: bool = False  # also run Chimera with an in-process vllm worker (a different layout)
+    enforce_eager: bool = True  # CPU needs it; on a GPU, False measures with CUDA graphs
+    server_args: tuple[str, ...] = ()  # more api_server flags, e.g. ("--gpu-memory-utilization", "0.3")
     out_dir: Path = RESULTS
     state_dir: Path = Path(".chimera/bench")  # git-ignored
     name: str = "overhead"  # result file stem
@@ -124,9 +127,10 @@ def vllm_server(model_dir: Path, served: str, cfg: OverheadConfig, log_file: Pat
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--served-model-name", served,
-        "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
+        "--host", "127.0.0.1", "--port", str(port),
         "--max-model-len", str(cfg.max_model_len), "--max-num-seqs", str(cfg.concurrency),
         "--scheduling-policy", "priority", "--disable-uvicorn-access-log", "--disable-log-stats",
+        *(["--enforce-eager"] if cfg.enforce_eager else []), *cfg.server_args,
     ]  # fmt: skip
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with log_file.open("wb") as out:
@@ -466,6 +470,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--server-threads", type=int, default=d.server_threads)
     ap.add_argument("--vllm-worker", action="store_true", help="also measure an in-process vllm worker")
+    ap.add_argument("--no-enforce-eager", action="store_true", help="GPU: let vLLM use CUDA graphs")
+    ap.add_argument("--server-args", default="", help="more vLLM api_server flags, one string")
     ap.add_argument("--out-dir", type=Path, default=d.out_dir)
     ap.add_argument("--state-dir", type=Path, default=d.state_dir)
     a = ap.parse_args(argv)
@@ -473,6 +479,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     cfg = OverheadConfig(
         model=a.model, concurrency=a.concurrency, requests=a.requests, max_tokens=a.max_tokens,
         repeats=a.repeats, seed=a.seed, server_threads=a.server_threads, vllm_worker=a.vllm_worker,
+        enforce_eager=not a.no_enforce_eager, server_args=tuple(shlex.split(a.server_args)),
         out_dir=a.out_dir, state_dir=a.state_dir,
     )  # fmt: skip
     r = run_benchmark(cfg)
