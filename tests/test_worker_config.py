@@ -53,5 +53,10 @@ def test_bad_values_are_refused(field: str, value: object) -> None:
 
 
 def test_unknown_engine_kind_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="unknown engine kind 'tpu'.*simulated"):
-        build_engine(WorkerSettings(engine_kind="tpu"))
+    with pytest.raises(ValidationError, match=r"(?s)engine_kind.*'simulated', 'vllm' or 'remote'"):
+        WorkerSettings(engine_kind="tpu")  # type: ignore[arg-type]
+
+
+def test_remote_engine_needs_a_url() -> None:
+    with pytest.raises(ValueError, match="CHIMERA_WORKER_REMOTE_URL"):
+        build_engine(WorkerSettings(engine_kind="remote"))

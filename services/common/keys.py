@@ -115,3 +115,18 @@ class Keys:
         Written by ``chimera profile``; read by the worker at start to publish into ``engine_info``.
         """
         return f"{self.prefix}:{{{engine}}}:profile"
+
+    def export_cursor(self) -> str:
+        """HASH stream key -> JSON cursor of the last exported entry. Written only by the export job.
+
+        The jobs' keys share the ``{jobs}`` hash tag so that the export's commit script touches one slot.
+        """
+        return f"{self.prefix}:{{jobs}}:export:cursor"
+
+    def export_lock(self) -> str:
+        """STRING lease token of the running export; PX = the lease."""
+        return f"{self.prefix}:{{jobs}}:export:lock"
+
+    def retrain_lock(self, kind: str) -> str:
+        """STRING lease token of the running retrain of ``kind`` (router | predictor)."""
+        return f"{self.prefix}:{{jobs}}:retrain:{kind}:lock"

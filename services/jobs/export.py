@@ -52,12 +52,12 @@ return 0
 
 def cursor_key(keys: Keys) -> str:
     """HASH stream key -> JSON cursor of the last exported entry. Written only by ``export_traces``."""
-    return f"{keys.prefix}:{{jobs}}:export:cursor"
+    return keys.export_cursor()
 
 
 def lock_key(keys: Keys) -> str:
     """STRING lease token of the running export; PX = the lease. Shares the cursor's hash tag (one script)."""
-    return f"{keys.prefix}:{{jobs}}:export:lock"
+    return keys.export_lock()
 
 
 def trace_file(traces_dir: Path, engine: str) -> Path:

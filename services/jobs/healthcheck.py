@@ -12,46 +12,28 @@ import logging
 import os
 import socket
 import sys
-import time
 
-import grpc
 import redis
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.config import CommonSettings
+from services.common.health import grpc_unhealthy, heartbeat_unhealthy
 from services.common.keys import Keys
 
 log = logging.getLogger("healthcheck")
 
 
 def check_grpc(addr: str, timeout_s: float = 2.0, service: str = "") -> bool:
-    try:
-        with grpc.insecure_channel(addr) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
-    except grpc.RpcError as e:
-        log.error("%s: %s", addr, e.code())
-        return False
-    ok: bool = reply.status == health_pb2.HealthCheckResponse.SERVING
-    if not ok:
-        log.error("%s: %s", addr, health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
-    return ok
+    return _report(grpc_unhealthy(addr, timeout_s, service))
 
 
 def check_heartbeat(r: redis.Redis, keys: Keys, engine: str, max_age_s: float) -> bool:
-    try:
-        raw = r.hget(keys.engine_info(engine), "heartbeat_ms")
-    except redis.RedisError as e:
-        log.error("redis: %s", e)
-        return False
-    if raw is None:
-        log.error("engine %s has no heartbeat", engine)
-        return False
-    age_s = time.time() - float(raw) / 1000
-    if age_s > max_age_s:
-        log.error("engine %s heartbeat is %.1f s old (limit %.1f s)", engine, age_s, max_age_s)
-        return False
-    return True
+    return _report(heartbeat_unhealthy(r, keys, engine, max_age_s))
+
+
+def _report(reason: str | None) -> bool:
+    if reason is not None:
+        log.error("%s", reason)
+    return reason is None
 
 
 def check_celery(timeout_s: float = 2.0) -> bool:

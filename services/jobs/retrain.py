@@ -32,7 +32,7 @@ class RetrainResult:
 
 def lock_key(keys: Keys, kind: str) -> str:
     """STRING lease token of the running retrain of ``kind``; PX = ``retrain_lock_s``."""
-    return f"{keys.prefix}:{{jobs}}:retrain:{kind}:lock"
+    return keys.retrain_lock(kind)
 
 
 def read_exported(traces_dir: Path) -> tuple[list[TraceRow], list[OutcomeRow]]:

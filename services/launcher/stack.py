@@ -19,6 +19,7 @@ from pathlib import Path
 
 import redis
 
+from services.common.health import heartbeat_unhealthy
 from services.common.keys import Keys
 from services.common.redis_proc import PrivateRedis, start_private_redis
 from services.launcher.bootstrap import ensure_artifacts
@@ -61,15 +62,11 @@ def worker_probe(redis_url: str, keys: Keys, engine: str, started: float) -> Hea
     """A worker is healthy once it has registered and heartbeated since this launch began."""
 
     def probe() -> bool:
+        client = redis.Redis.from_url(redis_url)
         try:
-            client = redis.Redis.from_url(redis_url)
-            try:
-                hb = client.hget(keys.engine_info(engine), "heartbeat_ms")
-            finally:
-                client.close()
-        except redis.RedisError:
-            return False
-        return hb is not None and int(hb) / 1000 >= started
+            return heartbeat_unhealthy(client, keys, engine, max_age_s=time.time() - started) is None
+        finally:
+            client.close()
 
     return probe
 

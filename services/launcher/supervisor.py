@@ -17,8 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from services.common.health import grpc_unhealthy
 
 log = logging.getLogger(__name__)
 
@@ -76,15 +75,7 @@ class Child:
 
 
 def grpc_probe(addr: str) -> HealthProbe:
-    def probe() -> bool:
-        try:
-            with grpc.insecure_channel(addr) as ch:
-                resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-            return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
-        except grpc.RpcError:
-            return False
-
-    return probe
+    return lambda: grpc_unhealthy(addr, timeout_s=1.0) is None
 
 
 class Supervisor:

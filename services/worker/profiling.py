@@ -207,6 +207,11 @@ async def store_profile(
             "measured_unix": time.time(),
         },
     )
+    return write_profile_json(json_dir, engine_id, profile)
+
+
+def write_profile_json(json_dir: Path | None, engine_id: str, profile: EngineProfile) -> Path | None:
+    """Write ``<json_dir>/<engine_id>.json`` atomically (nothing when ``json_dir`` is None)."""
     if json_dir is None:
         return None
     json_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,42 @@
+"""Health checks shared by the launcher (waiting for its children) and the container health checks.
+
+Each returns None when healthy and the reason otherwise, so that a caller polling during start-up can stay
+quiet while a one-shot container check prints why it failed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import redis
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.common.keys import Keys
+
+
+def grpc_unhealthy(addr: str, timeout_s: float = 2.0, service: str = "") -> str | None:
+    """Why the gRPC server at ``addr`` is not SERVING (grpc.health.v1), or None."""
+    try:
+        with grpc.insecure_channel(addr) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+    except grpc.RpcError as e:
+        return f"{addr}: {e.code()}"
+    if reply.status != health_pb2.HealthCheckResponse.SERVING:
+        return f"{addr}: {health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)}"
+    return None
+
+
+def heartbeat_unhealthy(r: redis.Redis, keys: Keys, engine: str, max_age_s: float) -> str | None:
+    """Why the engine's worker heartbeat is missing or older than ``max_age_s``, or None."""
+    try:
+        raw = r.hget(keys.engine_info(engine), "heartbeat_ms")
+    except redis.RedisError as e:
+        return f"redis: {e}"
+    if raw is None:
+        return f"engine {engine} has no heartbeat"
+    age_s = time.time() - float(raw) / 1000
+    if age_s > max_age_s:
+        return f"engine {engine} heartbeat is {age_s:.1f} s old (limit {max_age_s:.1f} s)"
+    return None
