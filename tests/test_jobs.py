@@ -333,7 +333,7 @@ def test_retrain_publishes_once_per_set_of_rows(
     kind: str, settings: JobsSettings, keys: Keys, sync_redis: redis.Redis, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    monkeypatch.setenv(f"CHIMERA_{kind.upper()}_ARTIFACT_DIR", str(tmp_path / "artifacts"))
+    monkeypatch.setenv(f"CHIMERA_{kind.upper()}_ARTIFACT_DIR", str(tmp_path / "artifacts" / kind))
     app = make_app(replace_settings(settings, retrain_min_rows=20), eager=True)
     task = app.tasks[RETRAIN_ROUTER if kind == "router" else RETRAIN_PREDICTOR]
     assert task.acks_late is True

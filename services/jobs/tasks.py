@@ -65,14 +65,16 @@ def register(app: Celery, settings: JobsSettings) -> None:
     def retrain_router_task(backend: str | None = None) -> dict[str, Any]:
         from services.router.config import RouterSettings
 
-        root = RouterSettings().artifact_dir  # the router's own variable, so both agree on the folder
+        # The router serves <root>/router (its own variable, so both agree); training publishes under
+        # <root>/<kind>, so the root is its parent.
+        root = RouterSettings().artifact_dir.parent
         return retrain_with("router", retrain.retrain_router, root, backend or settings.router_backend)
 
     @app.task(name=RETRAIN_PREDICTOR, acks_late=True, shared=False)  # type: ignore[untyped-decorator]
     def retrain_predictor_task(backend: str | None = None) -> dict[str, Any]:
         from services.predictor.config import PredictorSettings
 
-        root = PredictorSettings().artifact_dir
+        root = PredictorSettings().artifact_dir.parent
         return retrain_with(
             "predictor", retrain.retrain_predictor, root, backend or settings.predictor_backend
         )
