@@ -169,7 +169,12 @@ def router_section(
     texts = [p.traces[0].user_text for p in test]
     workflows = [p.outcome.workflow for p in test]
     column = {m: j for j, m in enumerate(prior.models)}
-    scored = {name: r.predict_proba(texts, workflows) for name, r in routers.items()}
+    # Every task ran on every model: score each distinct (task, workflow) once (encoders are slow).
+    keys = sorted(set(zip(texts, workflows, strict=True)))
+    index = {k: i for i, k in enumerate(keys)}
+    at = np.array([index[k] for k in zip(texts, workflows, strict=True)])
+    unique_texts, unique_workflows = [t for t, _ in keys], [w for _, w in keys]
+    scored = {name: r.predict_proba(unique_texts, unique_workflows)[at] for name, r in routers.items()}
     prior_p = prior.predict_proba(texts, workflows)
     out: dict[str, Any] = {}
     for dom in DOMAINS:

