@@ -103,3 +103,32 @@ def knobs(
         write_readme(write)
     else:
         typer.echo(markdown())
+
+
+@app.command()
+def bootstrap(
+    model: Annotated[
+        list[str], typer.Option(help="a served model, as NAME or NAME=PAPER_MODEL (its stand-in); repeat")
+    ],
+    artifacts: Annotated[Path, typer.Option(help="artifacts root (router/ and predictor/ under it)")] = Path(
+        ".chimera/artifacts"
+    ),
+    workflows: Annotated[int, typer.Option(help="synthetic workflows per model")] = 3000,
+    seed: int = 0,
+) -> None:
+    """Train first router and predictor artifacts for models that have no recorded traces yet (skipped when
+    current artifacts already cover every model). Compose runs this once before the router and predictor."""
+    from services.launcher.bootstrap import ensure_artifacts
+    from services.launcher.pool import EngineSpec, PoolSpec
+
+    setup_logging("bootstrap")
+    engines = []
+    for i, item in enumerate(model):
+        name, _, stand_in = item.partition("=")
+        engines.append(EngineSpec(id=f"m{i}", model=name, stand_in=stand_in or None))
+    dirs = ensure_artifacts(PoolSpec(engines=tuple(engines)), artifacts, workflows, seed)
+    console.print(f"artifacts ready: {dirs.router}, {dirs.predictor}")
+
+
+if __name__ == "__main__":
+    app()
