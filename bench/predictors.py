@@ -423,7 +423,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--holdout", type=float, default=0.25, help="share of tasks held out")
     parser.add_argument("--window", type=int, default=64, help="requests per Kendall comparison set")
-    parser.add_argument("--routers", nargs="+", default=["tfidf"], help="learned router backends to bench")
+    parser.add_argument(
+        "--routers", nargs="+", default=["tfidf", "minilm", "modernbert"], help="learned routers to bench"
+    )
     parser.add_argument("--calls", type=int, default=300, help="timed calls per latency cell")
     parser.add_argument("--calibration-draws", type=int, default=3000, help="draws per dataset")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
