@@ -245,7 +245,13 @@ def predictor_section(
             row["gap_to_ceiling"] = gap
             row["within_margin_of_ceiling"] = bool(gap <= CEILING_MARGIN)
             per_model[spec.key] = row
-        keys_ = ("kendall_tau_distance", "ceiling_distance", "fcfs_distance", "input_length_distance")
+        keys_ = (
+            "kendall_tau_distance",
+            "ceiling_distance",
+            "fcfs_distance",
+            "input_length_distance",
+            "observable_distance",
+        )
         summary = {k: _mean([r[k] for r in per_model.values()]) for k in keys_}
         out[dom] = {**summary, "per_model": per_model}
     return out

@@ -67,7 +67,9 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
     ]
     for dom in DOMAINS:
         r = result["router"][dom]
-        keys = [k for k in sorted(r["per_model"][next(iter(r["per_model"]))]) if "map" in k]
+        first = r["per_model"][next(iter(r["per_model"]))]
+        learned = sorted(k for k in first if k.startswith("map"))
+        keys = [*learned, "prior_map", "ceiling_map", "observable_map"]
         lines += [f"### {DATASET[dom]} (paper ModernBERT-large: {r['paper_map']})", ""]
         rows = [
             [m, *(_f(row.get(k)) for k in keys), str(row["test_tasks"]), _f(row["success_rate"], 2)]

