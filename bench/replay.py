@@ -1,0 +1,327 @@
+"""Live replay: the same jobs through the real services, next to the simulator, at a small scale.
+
+NOTE(replay): ``services.launcher.stack.running_stack`` starts Redis, the router, the predictor, one worker
+per engine (SIMULATED engines on the derived profiles of ``bench.engines``, ``time_scale`` times faster
+than the profile) and the dispatcher with the policy under test. A client sends each job's stages in order
+(``stage_messages``, each stage's answer in the next stage's history) with Poisson arrivals at ``rps *
+time_scale``. The simulated worker draws its own output lengths, so every stage asks for exactly the
+outcome model's length (``max_tokens``, with the worker's lognormal median set far above any of them); the
+lengths of the job's 1.5B run serve on every model, so that length does not depend on the route (the
+simulator replica does the same). Scores come from the outcome model for the model that served the job.
+
+The replica runs ``bench.sim`` on the same jobs with the router and predictor the live stack bootstrapped
+(loaded from its artifact folder), so both harnesses make their decisions with the same learned models.
+Latencies are reported in profile time (real seconds * ``time_scale``); the dispatch overhead (router,
+predictor, policy and Redis, the front door's ``dispatch_ms``) is real time and is reported as a share of
+the real E2E latency, an upper bound of the share at paper scale since the engines ran compressed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from bench.engines import derive_all, measure_shapes
+from bench.sim import EngineSpec, SimConfig, simulate, summarize
+from bench.workload import Job, Run, Stage, _confidences, _median
+from services.common import artifacts
+from services.launcher.config import LauncherSettings
+from services.launcher.pool import EngineSpec as PoolEngine
+from services.launcher.pool import PoolSpec
+from services.launcher.stack import running_stack
+from services.workload.corpus import Problem, load_corpus
+from services.workload.generate import bindings_for, generate
+from services.workload.models import resolve_model
+from services.workload.outcome import OutcomeModel
+from services.workload.workflows import Workflow, get_workflow, stage_messages, workflows_for
+
+POOL = ("qwen2.5-1.5b", "qwen2.5-7b")
+# A runaway stage (up to 30k tokens) would keep one replay running for minutes of real time: stages are
+# capped here, in the live run and its simulator replica alike (the dispatcher's default limit is 8192).
+MAX_STAGE_TOKENS = 4096
+RANKED = (("vllm", 0.0), ("chimera", 1.0), ("chimera-plus", 1.0))
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayJob:
+    job: Job  # what the simulator replica runs
+    problem: Problem
+    workflow: Workflow
+    lengths: tuple[int, ...]
+
+
+def build_jobs(n: int, seed: int, dataset: str) -> list[ReplayJob]:
+    corpus = load_corpus()
+    by_id = {p.id: p for p in corpus.problems}
+    om = OutcomeModel(corpus.problems, models=POOL)
+    programs = list(generate(corpus.problems, om, bindings_for(POOL), n, seed, workflows_for(dataset)))
+    out = []
+    for i in range(0, len(programs), len(POOL)):
+        group = programs[i : i + len(POOL)]
+        ref = group[0]  # the 1.5B run: its lengths serve on every model
+        lengths = tuple(min(MAX_STAGE_TOKENS, t) for t in ref.detail.stage_tokens)
+        runs = {}
+        for p in group:
+            stages = tuple(
+                Stage(t.prompt_tokens, lengths[k], 0, 0, sum(lengths[k:])) for k, t in enumerate(ref.traces)
+            )
+            runs[p.detail.model] = Run(stages, p.detail.score, p.detail.success)
+        job = Job(i // len(POOL), ref.outcome.workflow, runs, {}, {}, {})
+        problem = by_id[ref.detail.problem_id]
+        out.append(ReplayJob(job, problem, get_workflow(ref.outcome.workflow), lengths))
+    return out
+
+
+def with_live_models(jobs: list[ReplayJob], artifact_root: Path) -> list[Job]:
+    """The replica's jobs, with the predictions of the router and predictor the live stack serves."""
+    import dataclasses
+
+    from services.common.types import TraceRow
+
+    _, router = artifacts.load(artifact_root / "router")
+    _, predictor = artifacts.load(artifact_root / "predictor")
+    name = {k: resolve_model(k).name for k in POOL}
+    rows: list[TraceRow] = []
+    for rj in jobs:
+        history: list[str] = []
+        for k in range(rj.workflow.n_stages):
+            msgs = stage_messages(rj.workflow, k, rj.problem.text, history)
+            for m in POOL:
+                rows.append(
+                    TraceRow(
+                        f"{rj.job.index}-{k}-{m}",
+                        str(rj.job.index),
+                        rj.workflow.name,
+                        k,
+                        m,
+                        name[m],
+                        msgs[0].content,
+                        msgs[1].content,
+                        "\n".join(x.content for x in msgs),
+                        0,
+                        rj.lengths[k],
+                        0,
+                        0,
+                        0.0,
+                        0.0,
+                        "length",
+                    )
+                )
+            history.append("x " * rj.lengths[k])
+    preds = iter(_median(predictor, rows).tolist())
+    qs = _confidences(router, [rj.problem.text for rj in jobs], [rj.workflow.name for rj in jobs])
+    out = []
+    for rj, q in zip(jobs, qs, strict=True):
+        y = {m: [0] * rj.workflow.n_stages for m in POOL}
+        for k in range(rj.workflow.n_stages):
+            for m in POOL:
+                y[m][k] = next(preds)
+        runs = {
+            m: dataclasses.replace(
+                r, stages=tuple(dataclasses.replace(s, pred_total=y[m][k]) for k, s in enumerate(r.stages))
+            )
+            for m, r in rj.job.runs.items()
+        }
+        out.append(dataclasses.replace(rj.job, runs=runs, q_learned=q))
+    return out
+
+
+@contextmanager
+def _env(values: dict[str, str]) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+async def _stage(stub: Any, pb: Any, rj: ReplayJob, pid: str, k: int, history: Sequence[str]) -> Any:
+    msgs = stage_messages(rj.workflow, k, rj.problem.text, history)
+    req = pb.GenerateRequest(
+        program_id=pid,
+        stage=k,
+        workflow=rj.workflow.name,
+        messages=[pb.ChatMessage(role=m.role, content=m.content) for m in msgs],
+        sampling=pb.SamplingParams(max_tokens=rj.lengths[k], temperature=0.0),
+    )
+    final = None
+    async for resp in stub.Generate(req):
+        if resp.HasField("final"):
+            final = resp.final
+    if final is None:
+        raise RuntimeError("stream ended without a final message")
+    return final
+
+
+async def _job(stub: Any, pb: Any, rj: ReplayJob, tag: str) -> dict[str, Any]:
+    pid = f"replay-{tag}-{rj.job.index}"
+    t0 = time.monotonic()
+    history: list[str] = []
+    dispatch_ms, model = 0.0, ""
+    for k in range(rj.workflow.n_stages):
+        final = await _stage(stub, pb, rj, pid, k, history)
+        history.append(final.text)
+        dispatch_ms += final.dispatch_ms
+        model = resolve_model(final.model).key
+    await stub.EndProgram(pb.EndProgramRequest(program_id=pid))
+    return {"e2e_s": time.monotonic() - t0, "dispatch_ms": dispatch_ms, "model": model}
+
+
+async def _drive(addr: str, jobs: list[ReplayJob], rate: float, seed: int, tag: str) -> list[dict[str, Any]]:
+    from chimera.dispatcher.v1 import dispatcher_pb2 as pb
+    from chimera.dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
+
+    rng = random.Random(seed)
+    async with grpc.aio.insecure_channel(addr) as channel:
+        stub = pb_grpc.DispatcherStub(channel)
+        tasks = []
+        for rj in jobs:
+            await asyncio.sleep(rng.expovariate(rate))
+            tasks.append(asyncio.create_task(_job(stub, pb, rj, tag)))
+        return list(await asyncio.gather(*tasks))
+
+
+def _pool(derived: dict[str, Any], time_scale: float) -> PoolSpec:
+    return PoolSpec(
+        engines=tuple(
+            PoolEngine(
+                id=k.replace(".", "_"),
+                model=resolve_model(k).name,
+                kind="simulated",
+                max_num_seqs=derived[k].fit_seqs,
+                stand_in=k,
+                env={
+                    "time_scale": f"{time_scale:g}",
+                    "profile_json": derived[k].profile.to_json(),
+                    "sim_length_median": "1e9",
+                    "sim_length_sigma": "0",
+                },
+            )
+            for k in POOL
+        )
+    )
+
+
+def replay(n: int, rps: float, time_scale: float, seed: int, dataset: str, state: Path) -> dict[str, Any]:
+    derived = derive_all(measure_shapes(POOL))
+    specs = {k: EngineSpec(d.profile, d.kv_capacity_tokens, d.max_num_seqs) for k, d in derived.items()}
+    jobs = build_jobs(n, seed, dataset)
+    settings = LauncherSettings(
+        state_dir=state,
+        dispatcher_port=0,
+        http_port=0,
+        router_port=0,
+        predictor_port=0,
+        bootstrap_workflows=1000,
+        seed=seed + 1,
+    )
+    pool = _pool(derived, time_scale)
+    out: dict[str, Any] = {
+        "n": n,
+        "rps": rps,
+        "time_scale": time_scale,
+        "seed": seed,
+        "dataset": dataset,
+        "policies": {},
+    }
+    replica: list[Job] | None = None
+    for policy, tau in RANKED:
+        env = {"CHIMERA_DISPATCHER_POLICY": policy, "CHIMERA_DISPATCHER_TAU": f"{tau:g}"}
+        with _env(env), running_stack(settings, pool) as stack:
+            rows = asyncio.run(_drive(stack.dispatcher_addr, jobs, rps * time_scale, seed, policy))
+            replica = replica or with_live_models(jobs, state / "artifacts")
+        sim = summarize(simulate(replica, SimConfig(POOL, rps, policy, tau=tau, seed=seed), specs))
+        out["policies"][f"{policy} tau={tau:g}"] = {
+            "live": _live_summary(rows, jobs, time_scale),
+            "sim": {
+                "latency_per_token_ms": sim.latency_per_token_ms,
+                "score": sim.score,
+                "share_7b": sim.share.get("qwen2.5-7b", 0.0),
+            },
+        }
+    for metric in ("latency_per_token_ms", "score"):
+        order = {
+            side: sorted(out["policies"], key=lambda k: out["policies"][k][side][metric])
+            for side in ("live", "sim")
+        }
+        out[f"order_by_{metric}"] = {**order, "agree": order["live"] == order["sim"]}
+    return out
+
+
+def _live_summary(rows: list[dict[str, Any]], jobs: list[ReplayJob], time_scale: float) -> dict[str, float]:
+    pairs = list(zip(rows, jobs, strict=True))
+    n = len(pairs)
+    return {
+        "latency_per_token_ms": sum(1000 * r["e2e_s"] * time_scale / max(1, sum(j.lengths)) for r, j in pairs)
+        / n,
+        "score": sum(j.job.runs[r["model"]].score for r, j in pairs) / n,
+        # Real dispatch time over real (compressed) E2E: an upper bound of the share at paper scale.
+        "dispatch_share_of_e2e": sum(r["dispatch_ms"] / (1000 * r["e2e_s"]) for r, _ in pairs) / n,
+        "dispatch_ms_per_workflow": sum(r["dispatch_ms"] for r, _ in pairs) / n,
+        "share_7b": sum(r["model"] == "qwen2.5-7b" for r, _ in pairs) / n,
+    }
+
+
+def table(data: dict[str, Any]) -> str:
+    lines = [
+        f"# Live replay vs simulator ({data['dataset']}, Qwen1.5B+7B, {data['n']} workflows, "
+        f"RPS {data['rps']:g}, time_scale {data['time_scale']:g}, seed {data['seed']})",
+        "",
+        "| policy | live ms/token | sim ms/token | live score | sim score | live 7B share | sim 7B share "
+        "| dispatch ms per workflow | dispatch share of E2E |",
+        "|" + "---|" * 9,
+    ]
+    for name, v in data["policies"].items():
+        lv, sm = v["live"], v["sim"]
+        lines.append(
+            f"| {name} | {lv['latency_per_token_ms']:.1f} | {sm['latency_per_token_ms']:.1f} | "
+            f"{lv['score']:.3f} | {sm['score']:.3f} | {lv['share_7b']:.2f} | {sm['share_7b']:.2f} | "
+            f"{lv['dispatch_ms_per_workflow']:.0f} | {100 * lv['dispatch_share_of_e2e']:.1f}% |"
+        )
+    for metric in ("latency_per_token_ms", "score"):
+        o = data[f"order_by_{metric}"]
+        lines.append(
+            f"\nOrder by {metric} (ascending): live {o['live']}, sim {o['sim']}: agree = {o['agree']}."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Live replay through the real services vs the simulator.")
+    parser.add_argument("--n", type=int, default=60)
+    parser.add_argument("--rps", type=float, default=4.0)
+    parser.add_argument("--time-scale", type=float, default=2.0)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--dataset", default="math")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="chimera-replay-") as tmp:
+        data = replay(args.n, args.rps, args.time_scale, args.seed, args.dataset, Path(tmp))
+    data["command"] = "python -m bench.replay " + " ".join(argv if argv is not None else sys.argv[1:])
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "replay.json").write_text(json.dumps(data, indent=1) + "\n")
+    (args.out / "replay.md").write_text(table(data) + f"\nCommand: `{data['command']}`\n")
+    sys.stdout.write(table(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
