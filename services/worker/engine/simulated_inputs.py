@@ -10,11 +10,9 @@ import re
 from dataclasses import dataclass
 from typing import Protocol
 
+from services.common.tokens import approx_tokens
 from services.common.types import EngineProfile, StageRequest
 
-# A token proxy: a run of word characters, or one punctuation character. Real BPE tokenizers give about
-# 1.2-1.4 tokens per English word; this proxy gives about 1.1-1.2, close enough for a load model.
-_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 _WORD_RE = re.compile(r"\w+")
 _FALLBACK_WORDS = ("simulated", "output", "token")
 
@@ -51,9 +49,9 @@ class LognormalLengths:
 
 
 def count_prompt_tokens(text: str) -> int:
-    """Prompt tokens by the regex proxy above (words and punctuation marks); the simulated engine has no
-    tokenizer, and a proxy that is monotone in the text length is all a step-time model needs."""
-    return len(_TOKEN_RE.findall(text))
+    """Prompt tokens of the simulated engine: it has no tokenizer, so it uses the project's one proxy
+    (``services.common.tokens``); a proxy monotone in the text length is all a step-time model needs."""
+    return approx_tokens(text)
 
 
 def filler_words(prompt: str) -> tuple[str, ...]:
