@@ -322,9 +322,10 @@ def _pool(kind: str, served: str, cfg: OverheadConfig, env: dict[str, str]) -> A
     return PoolSpec(engines=(spec,))
 
 
-async def _remote_phases(
+async def _alternate(
     cfg: OverheadConfig, url: str, addr: str, served: str, groups: dict[str, tuple[int, bool]]
 ) -> dict[str, list[Any]]:
+    """Warm both paths up, then run direct and chimera phases back to back, ``cfg.repeats`` times."""
     from services.sdk import AsyncClient
 
     reqs = build_requests(cfg.requests, cfg.seed)
@@ -349,17 +350,24 @@ async def _remote_phases(
     return runs
 
 
-async def _vllm_worker_phases(cfg: OverheadConfig, addr: str) -> list[dict[str, Any]]:
-    from services.sdk import AsyncClient
-
-    reqs = build_requests(cfg.requests, cfg.seed)
-    warm = build_requests(max(cfg.concurrency, 4), cfg.seed + 1)
-    async with AsyncClient(addr, default_timeout_s=600) as client:
-        await run_phase(chimera_sender(client, cfg.max_tokens, "vwarm"), warm, cfg.concurrency)
-        return [
-            await run_phase(chimera_sender(client, cfg.max_tokens, f"v{r}"), reqs, cfg.concurrency)
-            for r in range(cfg.repeats)
-        ]
+def _compare(runs: dict[str, list[Any]]) -> dict[str, Any]:
+    """Medians of each path, their ratios, the back-to-back pair ratios and CPU per 1k tokens."""
+    out: dict[str, Any] = {}
+    for side in ("direct", "chimera"):
+        for key in ("tokens_per_s", "p50_latency_s", "p99_latency_s", "p50_ttft_s", "p99_ttft_s"):
+            out[f"{side}_{key}"] = _median(runs[side], key)
+    out["throughput_ratio"] = out["chimera_tokens_per_s"] / out["direct_tokens_per_s"]
+    out["p50_latency_ratio"] = out["chimera_p50_latency_s"] / out["direct_p50_latency_s"]
+    out["p50_ttft_delta_s"] = out["chimera_p50_ttft_s"] - out["direct_p50_ttft_s"]
+    # Pairs (direct i, chimera i) ran back to back, so their ratio cancels slow drifts in machine load.
+    pairs = [
+        c["tokens_per_s"] / d["tokens_per_s"] for d, c in zip(runs["direct"], runs["chimera"], strict=True)
+    ]
+    out["throughput_ratio_pairs"] = pairs
+    out["throughput_ratio_pairs_median"] = float(statistics.median(pairs))
+    out["cpu_s_per_1k_tokens"] = {side: _cpu_per_1k(runs[side]) for side in ("direct", "chimera")}
+    out["repeats"] = runs
+    return out
 
 
 def _median(runs: Sequence[dict[str, Any]], key: str) -> float:
@@ -383,36 +391,23 @@ def run_benchmark(cfg: OverheadConfig) -> dict[str, Any]:
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     for k, v in env.items():
         os.environ.setdefault(k, v)
+    result: dict[str, Any] = {"parameters": _parameters(cfg, served)}
     with vllm_server(view, served, cfg, cfg.state_dir / "vllm-server.log") as server:
         pool = _pool("remote", served, cfg, {"remote_url": server.url})
         with running_stack(_stack_settings(cfg, "remote"), pool) as stack:
             groups = process_groups(server.pid, stack)
-            runs = asyncio.run(_remote_phases(cfg, server.url, stack.dispatcher_addr, served, groups))
-    result: dict[str, Any] = {"parameters": _parameters(cfg, served)}
-    for side in ("direct", "chimera"):
-        for key in ("tokens_per_s", "p50_latency_s", "p99_latency_s", "p50_ttft_s", "p99_ttft_s"):
-            result[f"{side}_{key}"] = _median(runs[side], key)
-    result["throughput_ratio"] = result["chimera_tokens_per_s"] / result["direct_tokens_per_s"]
-    result["p50_latency_ratio"] = result["chimera_p50_latency_s"] / result["direct_p50_latency_s"]
-    result["p50_ttft_delta_s"] = result["chimera_p50_ttft_s"] - result["direct_p50_ttft_s"]
-    # Pairs (direct i, chimera i) ran back to back, so their ratio cancels slow drifts in machine load.
-    pairs = [
-        c["tokens_per_s"] / d["tokens_per_s"] for d, c in zip(runs["direct"], runs["chimera"], strict=True)
-    ]
-    result["throughput_ratio_pairs"] = pairs
-    result["throughput_ratio_pairs_median"] = float(statistics.median(pairs))
-    result["cpu_s_per_1k_tokens"] = {side: _cpu_per_1k(runs[side]) for side in ("direct", "chimera")}
-    result["repeats"] = runs
-    write_results(result, cfg)
-    if cfg.vllm_worker:
-        pool = _pool("vllm", served, cfg, {"model_path": str(view), "kv_cache_gib": "1"})
-        with running_stack(_stack_settings(cfg, "vllm"), pool) as stack:
-            vruns = asyncio.run(_vllm_worker_phases(cfg, stack.dispatcher_addr))
-        keys = ("tokens_per_s", "p50_latency_s", "p99_latency_s", "p50_ttft_s")
-        inproc: dict[str, Any] = {k: _median(vruns, k) for k in keys}
-        inproc["throughput_ratio_vs_direct_server"] = inproc["tokens_per_s"] / result["direct_tokens_per_s"]
-        result["chimera_inprocess_vllm"] = {**inproc, "repeats": vruns}
-    write_results(result, cfg)
+            runs = asyncio.run(_alternate(cfg, server.url, stack.dispatcher_addr, served, groups))
+        result.update(_compare(runs))
+        write_results(result, cfg)
+        if cfg.vllm_worker:
+            # The server stays up, idle between its phases, so the in-process layout is also measured
+            # back to back against the same direct baseline.
+            pool = _pool("vllm", served, cfg, {"model_path": str(view), "kv_cache_gib": "1"})
+            with running_stack(_stack_settings(cfg, "vllm"), pool) as stack:
+                groups = process_groups(server.pid, stack)
+                vruns = asyncio.run(_alternate(cfg, server.url, stack.dispatcher_addr, served, groups))
+            result["chimera_inprocess_vllm"] = _compare(vruns)
+            write_results(result, cfg)
     return result
 
 
@@ -455,58 +450,66 @@ def write_results(result: dict[str, Any], cfg: OverheadConfig) -> None:
     (cfg.out_dir / f"{cfg.name}.md").write_text(markdown(result))
 
 
+_ROWS = (
+    ("throughput (completion tok/s)", "tokens_per_s", 1.0),
+    ("p50 latency (s)", "p50_latency_s", 1.0),
+    ("p99 latency (s)", "p99_latency_s", 1.0),
+    ("p50 TTFT (ms)", "p50_ttft_s", 1000.0),
+    ("p99 TTFT (ms)", "p99_ttft_s", 1000.0),
+)
+
+
+def _section(r: dict[str, Any], chimera_label: str) -> list[str]:
+    """The table, the ratios and the CPU split of one direct-vs-chimera comparison."""
+    lines = [f"| metric | direct | {chimera_label} | chimera / direct |", "|---|---:|---:|---:|"]
+    for label, key, scale in _ROWS:
+        d, c = r[f"direct_{key}"] * scale, r[f"chimera_{key}"] * scale
+        lines.append(f"| {label} | {d:.4g} | {c:.4g} | {c / d if d else float('nan'):.3f} |")
+    pairs = ", ".join(f"{x:.3f}" for x in r["throughput_ratio_pairs"])
+    lines += [
+        "",
+        f"**throughput_ratio = {r['throughput_ratio']:.3f}** (target >= 0.95),"
+        f" p50_latency_ratio = {r['p50_latency_ratio']:.3f}; throughput ratio of each back-to-back pair:"
+        f" {pairs} (median {r['throughput_ratio_pairs_median']:.3f}).",
+    ]
+    cpu = r["cpu_s_per_1k_tokens"]
+    c, d = cpu["chimera"], cpu["direct"]
+    ours = {k: v for k, v in c.items() if k not in ("vllm_server", "bench_client")}
+    lines += [
+        "",
+        "CPU seconds per 1000 completion tokens (median over phases): vLLM server"
+        f" {d.get('vllm_server', 0):.2f} (direct phases) / {c.get('vllm_server', 0):.2f} (chimera phases);"
+        f" Chimera's own processes {sum(ours.values()):.3f} ("
+        + ", ".join(f"{k} {v:.3f}" for k, v in ours.items())
+        + ").",
+    ]
+    return lines
+
+
 def markdown(r: dict[str, Any]) -> str:
     p = r["parameters"]
-    rows = [
-        ("throughput (completion tok/s)", "tokens_per_s", 1.0),
-        ("p50 latency (s)", "p50_latency_s", 1.0),
-        ("p99 latency (s)", "p99_latency_s", 1.0),
-        ("p50 TTFT (ms)", "p50_ttft_s", 1000.0),
-        ("p99 TTFT (ms)", "p99_ttft_s", 1000.0),
-    ]
     lines = [
         "# Chimera overhead vs. the same vLLM server, direct",
         "",
-        f"{p['served_model']} on one {p['vllm']} OpenAI server"
-        f" ({p['server_threads']} OpenMP thread),"
+        f"{p['served_model']} on one {p['vllm']} OpenAI server ({p['server_threads']} OpenMP thread),"
         f" {p['concurrency']} concurrent streaming chat requests, {p['requests']} requests per phase,"
         f" exactly {p['max_tokens']} completion tokens each, {p['repeats']} alternated repeats per path"
         f" (medians shown); {p['machine_cores']} cores, commit {p['git_commit'][:10]}, {p['date']}.",
         "",
-        "| metric | direct | through Chimera | chimera / direct |",
-        "|---|---:|---:|---:|",
+        *_section(r, "through Chimera (remote worker)"),
     ]
-    for label, key, scale in rows:
-        d, c = r[f"direct_{key}"] * scale, r[f"chimera_{key}"] * scale
-        lines.append(f"| {label} | {d:.4g} | {c:.4g} | {c / d if d else float('nan'):.3f} |")
-    lines += [
-        "",
-        f"**throughput_ratio = {r['throughput_ratio']:.3f}** (target >= 0.95),"
-        f" p50_latency_ratio = {r['p50_latency_ratio']:.3f}; per back-to-back pair the throughput ratios"
-        f" were {', '.join(f'{x:.3f}' for x in r['throughput_ratio_pairs'])}"
-        f" (median {r['throughput_ratio_pairs_median']:.3f}).",
-    ]
-    cpu = r.get("cpu_s_per_1k_tokens", {})
-    if cpu.get("chimera"):
-        c, d = cpu["chimera"], cpu["direct"]
-        ours = sum(v for k, v in c.items() if k not in ("vllm_server", "bench_client"))
-        lines += [
-            "",
-            "CPU seconds per 1000 completion tokens (median over phases): vLLM server"
-            f" {d.get('vllm_server', 0):.2f} (direct) / {c.get('vllm_server', 0):.2f} (chimera phases);"
-            f" Chimera's own processes {ours:.3f} ("
-            + ", ".join(f"{k} {v:.3f}" for k, v in c.items() if k not in ("vllm_server", "bench_client"))
-            + ").",
-        ]
     v = r.get("chimera_inprocess_vllm")
     if v:
         lines += [
             "",
-            "Separately, a different process layout: Chimera with an in-process `vllm` worker (AsyncLLM in"
-            " the worker, no HTTP hop) on the same fixed-length model, compared with the direct-server"
-            f" figure above: {v['tokens_per_s']:.3g} tok/s"
-            f" (ratio {v['throughput_ratio_vs_direct_server']:.3f}),"
-            f" p50 latency {v['p50_latency_s']:.3g} s, p50 TTFT {v['p50_ttft_s'] * 1000:.3g} ms.",
+            "## A different process layout: in-process vLLM worker",
+            "",
+            "Chimera with a worker of kind `vllm` (AsyncLLM inside the worker process, no HTTP hop) on the"
+            " same fixed-length model and settings, alternated with direct phases against the same (then"
+            " otherwise idle) server. The engines are different processes here, so this measures the"
+            " layout, not only Chimera's overhead.",
+            "",
+            *_section(v, "through Chimera (in-process vllm worker)"),
         ]
     lines += ["", METHOD]
     return "\n".join(lines) + "\n"

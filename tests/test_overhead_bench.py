@@ -40,8 +40,13 @@ def test_overhead_benchmark_end_to_end(tiny_model: Path, tmp_path: Path) -> None
         assert on_disk[key] > 0, key
     for key in ("model", "concurrency", "requests", "max_tokens", "repeats", "git_commit", "machine_cores"):
         assert key in on_disk["parameters"], key
+    assert all(x > 0 for x in on_disk["throughput_ratio_pairs"])
     # Fixed length: every request of both paths decoded exactly max_tokens tokens.
     for path in ("direct", "chimera"):
         (run,) = on_disk["repeats"][path]
         assert run["completion_tokens"] == cfg.requests * cfg.max_tokens, path
+        assert run["cpu_s"]["vllm_server"] > 0, path
+    # Only the Chimera phase goes through the dispatcher, so only it costs the dispatcher CPU time.
+    chimera_cpu = on_disk["repeats"]["chimera"][0]["cpu_s"]
+    assert chimera_cpu["dispatcher"] > on_disk["repeats"]["direct"][0]["cpu_s"]["dispatcher"]
     assert "throughput_ratio" in (tmp_path / "results" / "smoke.md").read_text()
