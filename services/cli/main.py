@@ -62,7 +62,7 @@ def up(pool: PoolOpt = None) -> None:
 def demo(
     pool: PoolOpt = None,
     workflows: Annotated[int, typer.Option(help="workflows to run")] = 24,
-    concurrency: Annotated[int, typer.Option(help="workflows in flight at once")] = 12,
+    concurrency: Annotated[int, typer.Option(help="workflows in flight at once")] = 16,
     max_tokens: Annotated[int, typer.Option(help="max tokens per stage")] = 128,
     seed: int = 0,
 ) -> None:
