@@ -1,31 +1,22 @@
-"""Predictor gRPC server: proto <-> dataclasses, domain errors -> status codes, lifecycle."""
+"""Predictor gRPC server: proto <-> dataclasses and the predictor's domain errors -> status codes.
+
+The lifecycle (health, reflection, batch collector, signals) is shared with the router in
+``services.common.model_service``.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import logging
-import signal
-import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
-
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
-from prometheus_client import CollectorRegistry
 
 from chimera.predictor.v1 import predictor_pb2, predictor_pb2_grpc
-from services.common.artifacts import ArtifactMeta
-from services.common.batching import BatchCollector, CollectorClosedError, CollectorOptions, NoArtifactError
-from services.common.metrics import ModelServiceMetrics, start_exporter
+from services.common.batching import CollectorClosedError, NoArtifactError
+from services.common.metrics import ModelServiceMetrics
+from services.common.model_service import ModelServer, serve_until_signalled, status_codes
 from services.predictor.config import PredictorSettings
-from services.predictor.errors import BadRequestError, PredictorError, TooManyRowsError, UnknownModelError
+from services.predictor.errors import BadRequestError, TooManyRowsError, UnknownModelError
 from services.predictor.features import PredictorInput
 from services.predictor.inference import PredictItem, predict_batch
 from services.predictor.service import PredictorService
-
-log = logging.getLogger(__name__)
 
 SERVICE_NAME = predictor_pb2.DESCRIPTOR.services_by_name["Predictor"].full_name
 _STATUS: dict[type[Exception], grpc.StatusCode] = {
@@ -35,31 +26,7 @@ _STATUS: dict[type[Exception], grpc.StatusCode] = {
     NoArtifactError: grpc.StatusCode.UNAVAILABLE,
     CollectorClosedError: grpc.StatusCode.UNAVAILABLE,
 }
-Resp = TypeVar("Resp")
-
-
-def _status_codes(
-    fn: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Resp]],
-) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Resp]]:
-    """The one place where domain errors become gRPC status codes."""
-
-    @functools.wraps(fn)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Resp:
-        t0, code = time.perf_counter(), grpc.StatusCode.OK
-        try:
-            return await fn(self, request, context)
-        except (PredictorError, NoArtifactError, CollectorClosedError) as e:
-            code = next(c for t, c in _STATUS.items() if isinstance(e, t))
-            await context.abort(code, str(e))
-        except Exception:
-            log.exception("predictor call failed")
-            code = grpc.StatusCode.INTERNAL
-            await context.abort(code, "predictor inference failed")
-        finally:
-            self.metrics.observe_call(fn.__name__, code.name, time.perf_counter() - t0)
-        raise AssertionError("unreachable: abort raises")
-
-    return wrapper
+_status_codes = status_codes(_STATUS, "predictor")
 
 
 class PredictorServicer(predictor_pb2_grpc.PredictorServicer):  # type: ignore[misc]
@@ -99,72 +66,22 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):  # type: ignore[m
         )
 
 
-class PredictorServer:
+class PredictorServer(ModelServer[PredictItem, tuple[float, ...]]):
     """A started predictor: gRPC server, health, reflection and the batch collector, stopped together."""
 
     def __init__(self, settings: PredictorSettings, metrics: ModelServiceMetrics | None = None) -> None:
-        self.settings = settings
-        # Without one from __main__ (tests), metrics go to a private registry nobody scrapes.
-        self.metrics = metrics or ModelServiceMetrics(CollectorRegistry(), "predictor")
-        self.health = health.aio.HealthServicer()
-        self._health_tasks: set[asyncio.Task[None]] = set()
-        self.collector: BatchCollector[PredictItem, tuple[float, ...]] = BatchCollector(
-            settings.artifact_dir,
-            predict_batch,
-            CollectorOptions(
-                max_batch_size=settings.max_batch_size,
-                max_wait_ms=settings.max_wait_ms,
-                pool_workers=settings.pool_workers,
-                reload_interval_s=settings.reload_interval_s,
-                on_batch=self.metrics.on_batch,
-                on_reload=self._on_reload,
-            ),
+        super().__init__(
+            settings, metrics, label="predictor", service_name=SERVICE_NAME, batch_fn=predict_batch
         )
-        self.server = grpc.aio.server()
-        self.port = 0
+        self.settings: PredictorSettings = settings
 
-    def _on_reload(self, meta: ArtifactMeta) -> None:
-        self.metrics.on_reload(meta)
-        task = asyncio.create_task(self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING))
-        self._health_tasks.add(task)
-        task.add_done_callback(self._health_tasks.discard)
-
-    async def start(self) -> int:
-        """Load the artifact (if any), bind, start serving; returns the bound port."""
-        s = self.settings
+    def add_servicer(self) -> None:
+        service = PredictorService(self.collector, self.settings.max_request_items)
         predictor_pb2_grpc.add_PredictorServicer_to_server(
-            PredictorServicer(PredictorService(self.collector, s.max_request_items), self.metrics),
-            self.server,
+            PredictorServicer(service, self.metrics), self.server
         )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
-        reflection.enable_server_reflection(names, self.server)
-        # The named service is SERVING only once an artifact is loaded; the process itself is up now.
-        await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
-        await self.collector.start()
-        self.port = self.server.add_insecure_port(f"{s.host}:{s.port}")
-        await self.server.start()
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving on %s:%d", s.host, self.port)
-        return self.port
-
-    async def stop(self) -> None:
-        await self.health.enter_graceful_shutdown()
-        await self.server.stop(self.settings.grace_s)
-        await self.collector.close()
 
 
 async def run(settings: PredictorSettings, metrics: ModelServiceMetrics) -> None:
     """Serve (and ``/metrics`` on ``metrics_port``) until SIGTERM or SIGINT, then drain gracefully."""
-    server = PredictorServer(settings, metrics)
-    exporter = start_exporter(metrics.registry, settings.host, settings.metrics_port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await server.start()
-    await stop.wait()
-    log.info("stopping")
-    await server.stop()
-    if exporter is not None:
-        exporter.stop()
+    await serve_until_signalled(PredictorServer(settings, metrics), metrics)

@@ -1,30 +1,21 @@
-"""Router gRPC server: proto <-> dataclasses, domain errors -> status codes, lifecycle."""
+"""Router gRPC server: proto <-> dataclasses and the router's domain errors -> status codes.
+
+The lifecycle (health, reflection, batch collector, signals) is shared with the predictor in
+``services.common.model_service``.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import logging
-import signal
-import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
-
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
-from prometheus_client import CollectorRegistry
 
 from chimera.router.v1 import router_pb2, router_pb2_grpc
-from services.common.artifacts import ArtifactMeta
-from services.common.batching import BatchCollector, CollectorClosedError, CollectorOptions, NoArtifactError
-from services.common.metrics import ModelServiceMetrics, start_exporter
+from services.common.batching import CollectorClosedError, NoArtifactError
+from services.common.metrics import ModelServiceMetrics
+from services.common.model_service import ModelServer, serve_until_signalled, status_codes
 from services.router.config import RouterSettings
-from services.router.errors import BadRequestError, RouterError, TooManyItemsError, UnknownModelError
+from services.router.errors import BadRequestError, TooManyItemsError, UnknownModelError
 from services.router.inference import RouterItem, score_batch
 from services.router.service import RouterService
-
-log = logging.getLogger(__name__)
 
 SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
 _STATUS: dict[type[Exception], grpc.StatusCode] = {
@@ -34,31 +25,7 @@ _STATUS: dict[type[Exception], grpc.StatusCode] = {
     NoArtifactError: grpc.StatusCode.UNAVAILABLE,
     CollectorClosedError: grpc.StatusCode.UNAVAILABLE,
 }
-Resp = TypeVar("Resp")
-
-
-def _status_codes(
-    fn: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Resp]],
-) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Resp]]:
-    """The one place where domain errors become gRPC status codes."""
-
-    @functools.wraps(fn)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Resp:
-        t0, code = time.perf_counter(), grpc.StatusCode.OK
-        try:
-            return await fn(self, request, context)
-        except (RouterError, NoArtifactError, CollectorClosedError) as e:
-            code = next(c for t, c in _STATUS.items() if isinstance(e, t))
-            await context.abort(code, str(e))
-        except Exception:
-            log.exception("router call failed")
-            code = grpc.StatusCode.INTERNAL
-            await context.abort(code, "router inference failed")
-        finally:
-            self.metrics.observe_call(fn.__name__, code.name, time.perf_counter() - t0)
-        raise AssertionError("unreachable: abort raises")
-
-    return wrapper
+_status_codes = status_codes(_STATUS, "router")
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):  # type: ignore[misc]
@@ -87,71 +54,18 @@ class RouterServicer(router_pb2_grpc.RouterServicer):  # type: ignore[misc]
         )
 
 
-class RouterServer:
+class RouterServer(ModelServer[RouterItem, dict[str, float]]):
     """A started router: gRPC server, health, reflection and the batch collector, stopped together."""
 
     def __init__(self, settings: RouterSettings, metrics: ModelServiceMetrics | None = None) -> None:
-        self.settings = settings
-        # Without one from __main__ (tests), metrics go to a private registry nobody scrapes.
-        self.metrics = metrics or ModelServiceMetrics(CollectorRegistry(), "router")
-        self.health = health.aio.HealthServicer()
-        self._health_tasks: set[asyncio.Task[None]] = set()
-        self.collector: BatchCollector[RouterItem, dict[str, float]] = BatchCollector(
-            settings.artifact_dir,
-            score_batch,
-            CollectorOptions(
-                max_batch_size=settings.max_batch_size,
-                max_wait_ms=settings.max_wait_ms,
-                pool_workers=settings.pool_workers,
-                reload_interval_s=settings.reload_interval_s,
-                on_batch=self.metrics.on_batch,
-                on_reload=self._on_reload,
-            ),
-        )
-        self.server = grpc.aio.server()
-        self.port = 0
+        super().__init__(settings, metrics, label="router", service_name=SERVICE_NAME, batch_fn=score_batch)
+        self.settings: RouterSettings = settings
 
-    def _on_reload(self, meta: ArtifactMeta) -> None:
-        self.metrics.on_reload(meta)
-        task = asyncio.create_task(self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING))
-        self._health_tasks.add(task)
-        task.add_done_callback(self._health_tasks.discard)
-
-    async def start(self) -> int:
-        """Load the artifact (if any), bind, start serving; returns the bound port."""
-        s = self.settings
-        router_pb2_grpc.add_RouterServicer_to_server(
-            RouterServicer(RouterService(self.collector, s.max_request_items), self.metrics), self.server
-        )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
-        reflection.enable_server_reflection(names, self.server)
-        # The named service is SERVING only once an artifact is loaded; the process itself is up now.
-        await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
-        await self.collector.start()
-        self.port = self.server.add_insecure_port(f"{s.host}:{s.port}")
-        await self.server.start()
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving on %s:%d", s.host, self.port)
-        return self.port
-
-    async def stop(self) -> None:
-        await self.health.enter_graceful_shutdown()
-        await self.server.stop(self.settings.grace_s)
-        await self.collector.close()
+    def add_servicer(self) -> None:
+        service = RouterService(self.collector, self.settings.max_request_items)
+        router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(service, self.metrics), self.server)
 
 
 async def run(settings: RouterSettings, metrics: ModelServiceMetrics) -> None:
     """Serve (and ``/metrics`` on ``metrics_port``) until SIGTERM or SIGINT, then drain gracefully."""
-    server = RouterServer(settings, metrics)
-    exporter = start_exporter(metrics.registry, settings.host, settings.metrics_port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await server.start()
-    await stop.wait()
-    log.info("stopping")
-    await server.stop()
-    if exporter is not None:
-        exporter.stop()
+    await serve_until_signalled(RouterServer(settings, metrics), metrics)

@@ -1,0 +1,154 @@
+"""What the model services (router, predictor) share: error -> status mapping, server lifecycle, run loop.
+
+Each service's ``server.py`` keeps only what differs: its servicer (proto <-> dataclasses), its error map and
+how it registers the servicer. Logger names stay ``services.<label>.server`` so log lines read as before.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import functools
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Generic, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry
+
+from services.common.artifacts import ArtifactMeta
+from services.common.batching import BatchCollector, BatchFn, CollectorOptions
+from services.common.config import ModelServiceSettings
+from services.common.metrics import ModelServiceMetrics, start_exporter
+
+Resp = TypeVar("Resp")
+ItemT = TypeVar("ItemT")
+OutT = TypeVar("OutT")
+Method = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Resp]]
+
+
+def _logger(label: str) -> logging.Logger:
+    return logging.getLogger(f"services.{label}.server")
+
+
+def status_codes(
+    errors: Mapping[type[Exception], grpc.StatusCode], label: str
+) -> Callable[[Method[Resp]], Method[Resp]]:
+    """A decorator for servicer methods: the one place where domain errors become gRPC status codes.
+
+    ``errors`` maps each domain error type to its code (first match wins); any other exception is logged and
+    becomes INTERNAL. The servicer must have a ``metrics`` attribute (a ``ModelServiceMetrics``).
+    """
+    known = tuple(errors)
+    log = _logger(label)
+
+    def decorate(fn: Method[Resp]) -> Method[Resp]:
+        @functools.wraps(fn)
+        async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Resp:
+            t0, code = time.perf_counter(), grpc.StatusCode.OK
+            try:
+                return await fn(self, request, context)
+            except known as e:
+                code = next(c for t, c in errors.items() if isinstance(e, t))
+                await context.abort(code, str(e))
+            except Exception:
+                log.exception("%s call failed", label)
+                code = grpc.StatusCode.INTERNAL
+                await context.abort(code, f"{label} inference failed")
+            finally:
+                self.metrics.observe_call(fn.__name__, code.name, time.perf_counter() - t0)
+            raise AssertionError("unreachable: abort raises")
+
+        return wrapper
+
+    return decorate
+
+
+class ModelServer(abc.ABC, Generic[ItemT, OutT]):
+    """A started model service: gRPC server, health, reflection and the batch collector, stopped together.
+
+    A subclass passes its label, gRPC service name and batch function, and registers its servicer in
+    ``add_servicer``.
+    """
+
+    def __init__(
+        self,
+        settings: ModelServiceSettings,
+        metrics: ModelServiceMetrics | None,
+        *,
+        label: str,
+        service_name: str,
+        batch_fn: BatchFn[ItemT, OutT],
+    ) -> None:
+        self.settings = settings
+        self.service_name = service_name
+        self.log = _logger(label)
+        # Without one from __main__ (tests), metrics go to a private registry nobody scrapes.
+        self.metrics = metrics or ModelServiceMetrics(CollectorRegistry(), label)
+        self.health = health.aio.HealthServicer()
+        self._health_tasks: set[asyncio.Task[None]] = set()
+        self.collector: BatchCollector[ItemT, OutT] = BatchCollector(
+            settings.artifact_dir,
+            batch_fn,
+            CollectorOptions(
+                max_batch_size=settings.max_batch_size,
+                max_wait_ms=settings.max_wait_ms,
+                pool_workers=settings.pool_workers,
+                reload_interval_s=settings.reload_interval_s,
+                on_batch=self.metrics.on_batch,
+                on_reload=self._on_reload,
+            ),
+        )
+        self.server = grpc.aio.server()
+        self.port = 0
+
+    @abc.abstractmethod
+    def add_servicer(self) -> None:
+        """Register this service's servicer (built on ``self.collector``) on ``self.server``."""
+
+    def _on_reload(self, meta: ArtifactMeta) -> None:
+        self.metrics.on_reload(meta)
+        task = asyncio.create_task(self.health.set(self.service_name, health_pb2.HealthCheckResponse.SERVING))
+        self._health_tasks.add(task)
+        task.add_done_callback(self._health_tasks.discard)
+
+    async def start(self) -> int:
+        """Load the artifact (if any), bind, start serving; returns the bound port."""
+        s = self.settings
+        self.add_servicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        names = (self.service_name, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, self.server)
+        # The named service is SERVING only once an artifact is loaded; the process itself is up now.
+        await self.health.set(self.service_name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.collector.start()
+        self.port = self.server.add_insecure_port(f"{s.host}:{s.port}")
+        await self.server.start()
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self.log.info("serving on %s:%d", s.host, self.port)
+        return self.port
+
+    async def stop(self) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(self.settings.grace_s)
+        await self.collector.close()
+
+
+async def serve_until_signalled(server: ModelServer[Any, Any], metrics: ModelServiceMetrics) -> None:
+    """Serve (and ``/metrics`` on ``metrics_port``) until SIGTERM or SIGINT, then drain gracefully."""
+    settings = server.settings
+    exporter = start_exporter(metrics.registry, settings.host, settings.metrics_port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    await stop.wait()
+    server.log.info("stopping")
+    await server.stop()
+    if exporter is not None:
+        exporter.stop()
