@@ -224,14 +224,8 @@ def replay(n: int, rps: float, time_scale: float, seed: int, dataset: str, state
     derived = derive_all(measure_shapes(POOL))
     specs = {k: EngineSpec(d.profile, d.kv_capacity_tokens, d.max_num_seqs) for k, d in derived.items()}
     jobs = build_jobs(n, seed, dataset)
-    settings = LauncherSettings(
-        state_dir=state,
-        dispatcher_port=0,
-        http_port=0,
-        router_port=0,
-        predictor_port=0,
-        bootstrap_workflows=1000,
-        seed=seed + 1,
+    settings = LauncherSettings.ephemeral(
+        state, bootstrap_workflows=1000, seed=seed + 1, embedded_corpus=False, start_timeout_s=180.0
     )
     pool = _pool(derived, time_scale)
     out: dict[str, Any] = {

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -177,17 +176,6 @@ def simulated_stack(tmp_path: Path, max_num_seqs: int = 4) -> Iterator[Stack]:
             engine("large", "Qwen/Qwen2.5-7B-Instruct", 3.0),
         )
     )
-    settings = LauncherSettings(
-        redis_url=None,
-        state_dir=tmp_path,
-        key_prefix=f"e2e{uuid.uuid4().hex[:6]}",
-        dispatcher_port=0,
-        http_port=0,
-        router_port=0,
-        predictor_port=0,
-        bootstrap_workflows=300,
-        embedded_corpus=True,
-        start_timeout_s=120,
-    )
+    settings = LauncherSettings.ephemeral(tmp_path)
     with running_stack(settings, pool) as stack:
         yield stack

@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import signal
-import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -54,18 +53,7 @@ def stack(tmp_path: Path) -> Stack:
             _engine("large", "Qwen/Qwen2.5-7B-Instruct", 3.0),
         )
     )
-    settings = LauncherSettings(
-        redis_url=None,
-        state_dir=tmp_path,
-        key_prefix=f"e2e{uuid.uuid4().hex[:6]}",
-        dispatcher_port=0,
-        http_port=0,
-        router_port=0,
-        predictor_port=0,
-        bootstrap_workflows=300,
-        embedded_corpus=True,
-        start_timeout_s=120,
-    )
+    settings = LauncherSettings.ephemeral(tmp_path)
     with running_stack(settings, pool) as s:
         yield s  # type: ignore[misc]
 

@@ -51,18 +51,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     pool = PoolSpec(
         engines=(_engine("tiny", "tiny", "qwen2.5-1.5b"), _engine("small", "small", "qwen2.5-7b"))
     )
-    settings = LauncherSettings(
-        redis_url=None,
-        state_dir=state,
-        key_prefix=f"v{uuid.uuid4().hex[:6]}",
-        dispatcher_port=0,
-        http_port=0,
-        router_port=0,
-        predictor_port=0,
-        bootstrap_workflows=300,
-        embedded_corpus=True,
-        start_timeout_s=400,
-    )
+    settings = LauncherSettings.ephemeral(state, start_timeout_s=400)
     with running_stack(settings, pool) as s:
         yield s
 

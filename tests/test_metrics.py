@@ -294,18 +294,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     pool = PoolSpec(
         engines=(_engine("small", "Qwen/Qwen2.5-1.5B-Instruct"), _engine("large", "Qwen/Qwen2.5-7B-Instruct"))
     )
-    settings = LauncherSettings(
-        redis_url=None,
-        state_dir=tmp_path,
-        key_prefix=f"met{uuid.uuid4().hex[:6]}",
-        dispatcher_port=0,
-        http_port=0,
-        router_port=0,
-        predictor_port=0,
-        bootstrap_workflows=300,
-        embedded_corpus=True,
-        start_timeout_s=120,
-    )
+    settings = LauncherSettings.ephemeral(tmp_path)
     with running_stack(settings, pool) as s:
         yield s
 

