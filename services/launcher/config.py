@@ -28,7 +28,9 @@ class LauncherSettings(CommonSettings):
     http_port: int = Field(8000, ge=0, le=65535, description="OpenAI-compatible HTTP; 0 picks a free port")
     router_port: int = Field(50061, ge=0, le=65535, description="router gRPC port; 0 picks a free port")
     predictor_port: int = Field(50062, ge=0, le=65535, description="predictor gRPC port; 0 picks a free port")
-    start_timeout_s: float = Field(180.0, gt=0, description="per group of services (vLLM loads slowly)")
+    start_timeout_s: float = Field(
+        600.0, gt=0, description="per group of services (a first vLLM start downloads, converts and profiles)"
+    )
     bootstrap_workflows: int = Field(3000, ge=100, description="synthetic workflows that seed the models")
     seed: int = Field(0, description="seed of the bootstrap traces")
     embedded_corpus: bool = Field(
