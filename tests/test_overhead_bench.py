@@ -41,6 +41,7 @@ def test_overhead_benchmark_end_to_end(tiny_model: Path, tmp_path: Path) -> None
     for key in ("model", "concurrency", "requests", "max_tokens", "repeats", "git_commit", "machine_cores"):
         assert key in on_disk["parameters"], key
     assert all(x > 0 for x in on_disk["throughput_ratio_pairs"])
+    assert on_disk["throughput_ratio_of_medians"] > 0
     # Fixed length: every request of both paths decoded exactly max_tokens tokens.
     for path in ("direct", "chimera"):
         (run,) = on_disk["repeats"][path]
