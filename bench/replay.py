@@ -225,7 +225,7 @@ def replay(n: int, rps: float, time_scale: float, seed: int, dataset: str, state
     specs = {k: EngineSpec(d.profile, d.kv_capacity_tokens, d.max_num_seqs) for k, d in derived.items()}
     jobs = build_jobs(n, seed, dataset)
     settings = LauncherSettings.ephemeral(
-        state, bootstrap_workflows=1000, seed=seed + 1, embedded_corpus=False, start_timeout_s=180.0
+        state, bootstrap_workflows=1000, seed=seed + 1, embedded_corpus=False
     )
     pool = _pool(derived, time_scale)
     out: dict[str, Any] = {

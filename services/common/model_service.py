@@ -1,4 +1,4 @@
-"""What the model services (router, predictor) share: error -> status mapping, server lifecycle, run loop.
+"""What the model services (router, predictor) share: settings, error -> status map, lifecycle, run loop.
 
 Each service's ``server.py`` keeps only what differs: its servicer (proto <-> dataclasses), its error map and
 how it registers the servicer. Logger names stay ``services.<label>.server`` so log lines read as before.
@@ -13,22 +13,52 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
+from pydantic import Field
 
 from services.common.artifacts import ArtifactMeta
 from services.common.batching import BatchCollector, BatchFn, CollectorOptions
-from services.common.config import ModelServiceSettings
+from services.common.config import CommonSettings
 from services.common.metrics import ModelServiceMetrics, start_exporter
 
 Resp = TypeVar("Resp")
 ItemT = TypeVar("ItemT")
 OutT = TypeVar("OutT")
 Method = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Resp]]
+
+
+class ModelServiceSettings(CommonSettings):
+    """Knobs shared by the model services (router, predictor); each sets its env prefix and defaults."""
+
+    host: str = Field(default="127.0.0.1", min_length=1, description="address the gRPC server binds")
+    port: int = Field(default=0, ge=0, le=65535, description="gRPC port (0 picks a free one)")
+    metrics_port: int = Field(
+        default=0, ge=0, le=65535, description="Prometheus /metrics port on host (0 picks a free one)"
+    )
+    artifact_dir: Path = Field(
+        default=Path(".chimera/artifacts/model"),
+        description="this service's artifact directory: <dir>/CURRENT names the version to serve",
+    )
+    max_batch_size: int = Field(default=32, ge=1, le=4096, description="items per inference batch, at most")
+    max_wait_ms: float = Field(
+        default=5.0, ge=0.0, le=10_000.0, description="a batch closes this long after its first item arrives"
+    )
+    pool_workers: int = Field(
+        default=1, ge=1, le=64, description="inference worker processes (batches run at once)"
+    )
+    reload_interval_s: float = Field(
+        default=2.0, gt=0.0, le=3600.0, description="how often CURRENT is checked"
+    )
+    max_request_items: int = Field(default=256, ge=1, description="items one call may carry")
+    grace_s: float = Field(
+        default=5.0, ge=0.0, le=300.0, description="drain time for in-flight calls on shutdown"
+    )
 
 
 def _logger(label: str) -> logging.Logger:

@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from services.common.config import ModelServiceSettings
+from services.common.model_service import ModelServiceSettings
 
 
 class RouterSettings(ModelServiceSettings):
