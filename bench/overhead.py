@@ -523,6 +523,7 @@ def markdown(r: dict[str, Any]) -> str:
             " layout, not only Chimera's overhead.",
             "",
             *_section(v, "through Chimera (in-process vllm worker)"),
+            "(In this layout the worker's CPU figure includes its own engine, and the server is idle.)",
         ]
     lines += ["", METHOD]
     return "\n".join(lines) + "\n"
