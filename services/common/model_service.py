@@ -23,7 +23,13 @@ from prometheus_client import CollectorRegistry
 from pydantic import Field
 
 from services.common.artifacts import ArtifactMeta
-from services.common.batching import BatchCollector, BatchFn, CollectorOptions
+from services.common.batching import (
+    BatchCollector,
+    BatchFn,
+    CollectorClosedError,
+    CollectorOptions,
+    NoArtifactError,
+)
 from services.common.config import CommonSettings
 from services.common.metrics import ModelServiceMetrics, start_exporter
 
@@ -70,10 +76,17 @@ def status_codes(
 ) -> Callable[[Method[Resp]], Method[Resp]]:
     """A decorator for servicer methods: the one place where domain errors become gRPC status codes.
 
-    ``errors`` maps each domain error type to its code (first match wins); any other exception is logged and
-    becomes INTERNAL. The servicer must have a ``metrics`` attribute (a ``ModelServiceMetrics``).
+    ``errors`` maps each domain error type to its code (first match wins), to which the collector's errors are
+    added as UNAVAILABLE; any other exception is logged and becomes INTERNAL. The servicer must have a
+    ``metrics`` attribute (a ``ModelServiceMetrics``).
     """
-    known = tuple(errors)
+    # Every model service answers from a batch collector, so its errors map the same way everywhere.
+    codes: dict[type[Exception], grpc.StatusCode] = {
+        **errors,
+        NoArtifactError: grpc.StatusCode.UNAVAILABLE,
+        CollectorClosedError: grpc.StatusCode.UNAVAILABLE,
+    }
+    known = tuple(codes)
     log = _logger(label)
 
     def decorate(fn: Method[Resp]) -> Method[Resp]:
@@ -83,7 +96,7 @@ def status_codes(
             try:
                 return await fn(self, request, context)
             except known as e:
-                code = next(c for t, c in errors.items() if isinstance(e, t))
+                code = next(c for t, c in codes.items() if isinstance(e, t))
                 await context.abort(code, str(e))
             except Exception:
                 log.exception("%s call failed", label)

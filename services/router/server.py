@@ -9,7 +9,6 @@ from __future__ import annotations
 import grpc
 
 from chimera.router.v1 import router_pb2, router_pb2_grpc
-from services.common.batching import CollectorClosedError, NoArtifactError
 from services.common.metrics import ModelServiceMetrics
 from services.common.model_service import ModelServer, serve_until_signalled, status_codes
 from services.router.config import RouterSettings
@@ -22,8 +21,6 @@ _STATUS: dict[type[Exception], grpc.StatusCode] = {
     BadRequestError: grpc.StatusCode.INVALID_ARGUMENT,
     TooManyItemsError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     UnknownModelError: grpc.StatusCode.NOT_FOUND,
-    NoArtifactError: grpc.StatusCode.UNAVAILABLE,
-    CollectorClosedError: grpc.StatusCode.UNAVAILABLE,
 }
 _status_codes = status_codes(_STATUS, "router")
 
