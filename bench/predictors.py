@@ -41,6 +41,7 @@ import numpy.typing as npt
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score
 
+from bench.predictors_report import CEILING_MARGIN, targets
 from bench.predictors_serving import latency_section
 from services.common import artifacts
 from services.common.tokens import approx_tokens
@@ -72,7 +73,6 @@ PAPER_QRF = {
 PAPER_ROUTER_MAP = {"code": 0.521, "math": 0.740}
 PAPER_GAIN_OVER_FCFS = 0.314
 CALIBRATION_TOLERANCE = 0.15
-CEILING_MARGIN = 0.05
 F64 = npt.NDArray[np.float64]
 
 
@@ -289,50 +289,6 @@ def calibration_section(
                 "mean_within_15pct": abs(mean / target.length_mean - 1) <= CALIBRATION_TOLERANCE,
             }
         out[dom] = per_model
-    return out
-
-
-def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every target of the issue, its value, and whether it was met."""
-    out: list[dict[str, Any]] = []
-    for dom in DOMAINS:
-        for m, row in result["calibration"][dom].items():
-            value = f"{row['mean']:.0f} vs {row['target_mean']:.0f}"
-            out.append(
-                {
-                    "target": f"calibration mean within 15% ({dom}, {m})",
-                    "value": value,
-                    "met": row["mean_within_15pct"],
-                }
-            )
-        for m, row in result["predictor"][dom]["per_model"].items():
-            gap = row["gap_to_ceiling"]
-            out.append(
-                {"target": f"predictor within 0.05 of ceiling ({dom}, {m})", "value": gap, "met": gap <= 0.05}
-            )
-        r = result["router"][dom]
-        met = abs(r["ceiling_map"] - r["map"]) < abs(r["map"] - r["prior_map"])
-        value = f"map {r['map']:.3f}, prior {r['prior_map']:.3f}, ceiling {r['ceiling_map']:.3f}"
-        out.append(
-            {
-                "target": f"tfidf router mAP closer to ceiling than to prior ({dom})",
-                "value": value,
-                "met": met,
-            }
-        )
-    gain = result["predictor_gain_over_fcfs"]
-    out.append(
-        {
-            "target": "predictor gain over FCFS, reported next to the paper's 0.314",
-            "value": f"{gain['ours']:.3f} (paper {gain['paper']})",
-            "met": gain["ours"] > 0,
-        }
-    )
-    for svc, limit in (("predictor/qrf", 5.0), ("router/tfidf", 10.0)):
-        p50 = result["latency"][svc]["batch_1"]["p50_ms"]
-        out.append(
-            {"target": f"{svc} p50 <= {limit:g} ms per call (batch 1)", "value": p50, "met": p50 <= limit}
-        )
     return out
 
 

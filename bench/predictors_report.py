@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 DOMAINS = ("code", "math")
+CEILING_MARGIN = 0.05
 DATASET = {"code": "code (APPS stand-in)", "math": "math (MATH stand-in)"}
 
 
@@ -26,6 +27,54 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
         "|" + "---|" * len(header),
         *("| " + " | ".join(r) + " |" for r in rows),
     ]
+
+
+def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every target of the issue, its value, and whether it was met."""
+    out: list[dict[str, Any]] = []
+    for dom in DOMAINS:
+        for m, row in result["calibration"][dom].items():
+            value = f"{row['mean']:.0f} vs {row['target_mean']:.0f}"
+            out.append(
+                {
+                    "target": f"calibration mean within 15% ({dom}, {m})",
+                    "value": value,
+                    "met": row["mean_within_15pct"],
+                }
+            )
+        for m, row in result["predictor"][dom]["per_model"].items():
+            gap = row["gap_to_ceiling"]
+            out.append(
+                {
+                    "target": f"predictor within 0.05 of ceiling ({dom}, {m})",
+                    "value": gap,
+                    "met": gap <= CEILING_MARGIN,
+                }
+            )
+        r = result["router"][dom]
+        met = abs(r["ceiling_map"] - r["map"]) < abs(r["map"] - r["prior_map"])
+        value = f"map {r['map']:.3f}, prior {r['prior_map']:.3f}, ceiling {r['ceiling_map']:.3f}"
+        out.append(
+            {
+                "target": f"tfidf router mAP closer to ceiling than to prior ({dom})",
+                "value": value,
+                "met": met,
+            }
+        )
+    gain = result["predictor_gain_over_fcfs"]
+    out.append(
+        {
+            "target": "predictor gain over FCFS, reported next to the paper's 0.314",
+            "value": f"{gain['ours']:.3f} (paper {gain['paper']})",
+            "met": gain["ours"] > 0,
+        }
+    )
+    for svc, limit in (("predictor/qrf", 5.0), ("router/tfidf", 10.0)):
+        p50 = result["latency"][svc]["batch_1"]["p50_ms"]
+        out.append(
+            {"target": f"{svc} p50 <= {limit:g} ms per call (batch 1)", "value": p50, "met": p50 <= limit}
+        )
+    return out
 
 
 def write_markdown(result: dict[str, Any], path: Path) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import pickle
 import random
 from pathlib import Path
+from typing import Literal
 
 import grpc
 import numpy as np
@@ -42,7 +43,7 @@ def fake_problems(n: int = 160, seed: int = 11) -> list[Problem]:
         words = [
             rng.choice(HARD) if rng.random() < d else rng.choice(EASY) for _ in range(12 + rng.randrange(20))
         ]
-        domain = "code" if i % 2 else "math"
+        domain: Literal["code", "math"] = "code" if i % 2 else "math"
         text = f"Fake {domain} task {i}: " + " ".join(words)
         out.append(Problem(id=f"fake/{i}", text=text, domain=domain, difficulty=d, source="fake"))
     return out
