@@ -170,7 +170,7 @@ async def test_server_predicts_and_rejects_bad_input(tmp_path: Path) -> None:
             req = predictor_pb2.PredictRequest(rows=[row])
             assert await _code(stub.Predict(req)) == grpc.StatusCode.UNAVAILABLE
 
-            meta = train_predictor(synthetic_predictor_traces(), tmp_path, holdout=0.0)
+            meta = train_predictor(synthetic_predictor_traces(), tmp_path, backend="empirical", holdout=0.0)
             assert await server.collector.reload()
             d = await stub.Describe(predictor_pb2.DescribeRequest())
             assert (d.backend, d.artifact_version, list(d.models)) == (

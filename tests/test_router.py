@@ -156,7 +156,7 @@ async def test_server_without_artifact_is_unavailable_then_serves(tmp_path: Path
     assert h.status == health_pb2.HealthCheckResponse.NOT_SERVING
 
     traces, outcomes = synthetic_router_traces()
-    meta = train_router(traces, outcomes, tmp_path, holdout=0.2)
+    meta = train_router(traces, outcomes, tmp_path, backend="prior", holdout=0.2)
     deadline = time.monotonic() + 30
     while server.collector.current is None and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
