@@ -22,7 +22,7 @@ from services.common.types import (
     StageRequest,
     TraceRow,
 )
-from services.worker.engine.base import EngineDeadError
+from services.worker.engine.base import EngineDeadError, EngineRequestError
 from services.worker.engine.simulated import SimulatedEngine
 from services.worker.engine.simulated_inputs import measured_style_profile
 from services.worker.worker import Worker, WorkerOptions
@@ -336,3 +336,23 @@ async def test_shutdown_past_grace_abandons_to_the_next_worker(redis_client: Red
 
 async def _attempt_streaming(r: Redis, keys: Keys, rid: str, attempt: int) -> bool:
     return any(e["t"] == "delta" and e["a"] == attempt for e in await _events(r, keys, rid))
+
+
+class RefusingEngine(SimulatedEngine):
+    """A fake engine (a simulated one) that refuses every request as too long, as vLLM does."""
+
+    def generate(self, request: StageRequest, key: str, priority: int):  # type: ignore[no-untyped-def]
+        raise EngineRequestError(f"{request.request_id}: prompt longer than the context")
+
+
+async def test_a_refused_request_is_invalid_argument_and_frees_its_load(
+    redis_client: Redis, keys: Keys
+) -> None:
+    q = QueueStore(redis_client, keys)
+    await _enqueue(q, "z-5", 1.0)
+    engine = RefusingEngine("sim", measured_style_profile(), 4, 50.0, FixedLengths())
+    worker = _worker(redis_client, keys, engine, burst=True)
+    await asyncio.wait_for(worker.run(), 10)
+    last = (await _events(redis_client, keys, "z-5"))[-1]
+    assert last["t"] == "error" and last["code"] == "INVALID_ARGUMENT"
+    assert await _load(redis_client, keys) == 0

@@ -21,7 +21,7 @@ from typing import Any
 
 from services.common.keys import Keys
 from services.common.types import ChatMessage, EngineProfile, SamplingParams, StageRequest
-from services.worker.engine.base import Engine
+from services.worker.engine.base import Engine, EngineRequestError
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ async def _prefill_ms_per_token(engine: Engine, long_words: int) -> float:
         long_text = f"[{uuid.uuid4().hex}] " + FILLER * max(1, long_words // 16) + "Summarise."
         try:
             long = await _run_one(engine, _request(long_text, 1, 0))
-        except ValueError:  # longer than the engine's context (PromptTooLongError): halve it
+        except EngineRequestError:  # longer than the engine's context: halve it
             if long_words < 32:
                 return 0.0
             long_words //= 2

@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 from services.common.queue import QueueStore
 from services.common.types import ClaimedRequest, StageResult, TraceRow
 from services.worker import registration
-from services.worker.engine.base import Engine, EngineDeadError, EngineOutput
+from services.worker.engine.base import Engine, EngineDeadError, EngineOutput, EngineRequestError
 from services.worker.metrics import WorkerMetrics
 from services.worker.profiling import profile_engine, store_profile
 
@@ -261,6 +261,11 @@ class Worker:
             if self._fatal is None:
                 self._fatal = exc
             self._stop.set()
+        except EngineRequestError as exc:
+            log.warning("engine refused %s: %s", job.key, exc)
+            self._m.ended("failed")
+            with contextlib.suppress(RedisError):
+                await self._q.fail(c, "INVALID_ARGUMENT", str(exc))
         except Exception as exc:
             log.exception("request %s failed", job.key)
             self._m.engine_error("request")

@@ -25,6 +25,13 @@ class EngineOutput:
     completion_tokens: int = 0
 
 
+class EngineRequestError(ValueError):
+    """The engine refused this one request as invalid (e.g. longer than its context); the engine is fine.
+
+    The worker answers it INVALID_ARGUMENT instead of INTERNAL: retrying it elsewhere would fail the same way.
+    """
+
+
 class EngineDeadError(RuntimeError):
     """The engine process is gone; the worker exits so that its claims are re-queued."""
 

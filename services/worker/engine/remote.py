@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from services.common.types import EngineProfile, StageRequest
-from services.worker.engine.base import EngineDeadError, EngineOutput
+from services.worker.engine.base import EngineDeadError, EngineOutput, EngineRequestError
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,11 @@ _DEAD = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.W
 
 
 class RemoteRequestError(RuntimeError):
-    """The server refused or failed one request (HTTP 4xx/5xx); the engine itself is still up."""
+    """The server failed one request (HTTP 5xx); the engine itself is still up."""
+
+
+class RemoteRejectedError(EngineRequestError):
+    """The server refused one request as invalid (HTTP 4xx, e.g. longer than its context)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +128,10 @@ class RemoteEngine:
             async with self._client.stream("POST", "/v1/chat/completions", json=body) as resp:
                 if resp.status_code != 200:
                     detail = (await resp.aread()).decode(errors="replace")[:500]
-                    raise RemoteRequestError(f"HTTP {resp.status_code} for {key}: {detail}")
+                    msg = f"HTTP {resp.status_code} for {key}: {detail}"
+                    if 400 <= resp.status_code < 500:
+                        raise RemoteRejectedError(msg)
+                    raise RemoteRequestError(msg)
                 async for line in resp.aiter_lines():
                     if not line.startswith("data: "):
                         continue

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from services.common.types import ChatMessage, EngineProfile, SamplingParams, StageRequest
-from services.worker.engine.base import EngineDeadError, EngineOutput
+from services.worker.engine.base import EngineDeadError, EngineOutput, EngineRequestError
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ Dtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled"}
 
 
-class PromptTooLongError(ValueError):
+class PromptTooLongError(EngineRequestError):
     """The rendered prompt leaves no room for a single generated token within ``max_model_len``."""
 
 
