@@ -20,11 +20,12 @@ import pytest
 
 from chimera.router.v1 import router_pb2, router_pb2_grpc
 from services.common import artifacts
+from services.common.tracestore import held_out
 from services.common.types import OutcomeRow, TraceRow
 from services.router.backends import RouterExample, make_backend, router_examples
 from services.router.config import RouterSettings
 from services.router.server import RouterServer
-from services.router.training import holdout_program, macro_map, train_router
+from services.router.training import macro_map, train_router
 from services.workload.corpus import Problem
 from services.workload.generate import bindings_for, generate
 from services.workload.outcome import OutcomeModel
@@ -60,7 +61,7 @@ def _split(
     traces: list[TraceRow], outcomes: list[OutcomeRow]
 ) -> tuple[list[OutcomeRow], list[RouterExample]]:
     examples = router_examples(traces, outcomes)
-    test_ids = {e.program_id for e in examples if holdout_program(e.text, e.workflow, 0.3)}
+    test_ids = {e.program_id for e in examples if held_out(e.text, 0.3)}
     return [o for o in outcomes if o.program_id not in test_ids], [
         e for e in examples if e.program_id in test_ids
     ]

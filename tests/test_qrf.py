@@ -68,8 +68,9 @@ def test_training_beats_fcfs_and_input_length(tmp_path: Path) -> None:
     }
     assert m["kendall_tau_distance"] < m["kendall_tau_distance_fcfs"] - 0.1, m
     assert m["kendall_tau_distance"] < m["kendall_tau_distance_input_length"], m
+    # Held out by task text (no task on both sides), so each model must beat FCFS on unseen tasks.
     for model, per in m["per_model"].items():
-        assert per["kendall_tau_distance"] < 0.35, model
+        assert per["kendall_tau_distance"] < per["kendall_tau_distance_fcfs"] - 0.05, (model, per)
         assert per["p90_coverage"] > 0.7, model
 
 

@@ -6,6 +6,7 @@ append to (``Keys.traces(engine)`` for every engine in ``Keys.engines()``, and `
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -117,3 +118,13 @@ def remaining_tokens(rows: Sequence[TraceRow]) -> list[int]:
             total += tokens
             suffix[(pid, stage)] = total
     return [suffix[(r.program_id, r.stage)] for r in rows]
+
+
+def held_out(task_text: str, fraction: float) -> bool:
+    """Deterministic train/test split by task text, shared by router and predictor training.
+
+    Every program, workflow type and model that ran the same task lands on the same side, so held-out
+    metrics never reward remembering a task seen in training under another workflow or model.
+    """
+    digest = hashlib.sha256(task_text.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction

@@ -5,7 +5,6 @@ Called by ``chimera train predictor`` and by the retraining Celery task; both pa
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,7 +15,7 @@ import numpy.typing as npt
 
 from services.common import artifacts
 from services.common.tokens import approx_tokens
-from services.common.tracestore import remaining_tokens
+from services.common.tracestore import held_out, remaining_tokens
 from services.common.types import TraceRow
 from services.predictor.backends import make_backend
 from services.predictor.features import PredictorInput
@@ -29,12 +28,6 @@ PredictFn = Callable[[Sequence[PredictorInput], Sequence[float]], npt.NDArray[np
 KIND = "predictor"
 # Pairwise metrics are O(n^2) in memory: larger per-model test sets are subsampled (seeded) to this size.
 MAX_PAIRWISE_ROWS = 3000
-
-
-def holdout_program(program_id: str, fraction: float) -> bool:
-    """Deterministic split by program: all stages of one workflow land on the same side."""
-    digest = hashlib.sha256(program_id.encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
 def kendall_tau_distance(true: ArrayLike, order_key: ArrayLike, seed: int = 0) -> float | None:
@@ -112,7 +105,8 @@ def train_predictor(
     if not 0.0 <= holdout < 1.0:
         raise ValueError("holdout must be in [0, 1)")
     targets = remaining_tokens(traces)
-    is_test = [bool(holdout) and holdout_program(r.program_id, holdout) for r in traces]
+    # By task text: a program's stages share it, and no task is on both sides under another model.
+    is_test = [bool(holdout) and held_out(r.user_text, holdout) for r in traces]
     train = [r for r, t in zip(traces, is_test, strict=True) if not t]
     test = [r for r, t in zip(traces, is_test, strict=True) if t]
     test_y = [y for y, t in zip(targets, is_test, strict=True) if t]

@@ -5,7 +5,6 @@ Called by ``chimera train router`` and by the retraining Celery task; both pass 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +14,7 @@ import numpy as np
 from sklearn.metrics import average_precision_score
 
 from services.common import artifacts
+from services.common.tracestore import held_out
 from services.common.types import OutcomeRow, TraceRow
 from services.router.backends import RouterBackend, RouterExample, make_backend, router_examples
 from services.router.prior import PriorRouter
@@ -22,12 +22,6 @@ from services.router.prior import PriorRouter
 log = logging.getLogger(__name__)
 
 KIND = "router"
-
-
-def holdout_program(text: str, workflow: str, fraction: float) -> bool:
-    """Deterministic split by task: every model's run of one task lands on the same side."""
-    digest = hashlib.sha256(f"{workflow}\x00{text}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
 def macro_map(
@@ -77,7 +71,7 @@ def train_router(
     if not 0.0 <= holdout < 1.0:
         raise ValueError("holdout must be in [0, 1)")
     examples = router_examples(traces, outcomes)
-    test_ids = {e.program_id for e in examples if holdout and holdout_program(e.text, e.workflow, holdout)}
+    test_ids = {e.program_id for e in examples if holdout and held_out(e.text, holdout)}
     train_out = [o for o in outcomes if o.program_id not in test_ids]
     test = [e for e in examples if e.program_id in test_ids]
     model = make_backend(backend)
