@@ -296,18 +296,8 @@ def chimera_sender(client: Any, max_tokens: int, tag: str) -> Send:
 def _stack_settings(cfg: OverheadConfig, sub: str) -> Any:
     from services.launcher.config import LauncherSettings
 
-    return LauncherSettings(
-        redis_url=None,
-        state_dir=cfg.state_dir / sub,
-        key_prefix=f"bench{uuid.uuid4().hex[:6]}",
-        dispatcher_port=0,
-        http_port=0,
-        router_port=0,
-        predictor_port=0,
-        bootstrap_workflows=300,
-        embedded_corpus=True,
-        start_timeout_s=300,
-    )
+    # A real engine profiles itself on first start: more time than the throwaway default.
+    return LauncherSettings.ephemeral(cfg.state_dir / sub, start_timeout_s=300)
 
 
 def _pool(kind: str, served: str, cfg: OverheadConfig, env: dict[str, str]) -> Any:

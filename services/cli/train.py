@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from redis.asyncio import Redis
@@ -62,6 +62,29 @@ def _progress() -> Progress:
     return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console)
 
 
+def _train(
+    kind: str, traces: Path | None, redis_url: str | None, prefix: str, root: Path, backend: str | None
+) -> None:
+    """Read the rows, fit ``kind`` with its training module (imported only here: it pulls in sklearn/torch),
+    publish the new version and show its held-out metrics."""
+    with _progress() as progress:
+        task = progress.add_task("reading traces", total=None)
+        rows, outcomes = _load(traces, redis_url, prefix)
+        kwargs: dict[str, Any] = {"backend": backend} if backend else {}
+        if kind == "router":
+            from services.router.training import train_router
+
+            progress.update(task, description=f"training on {len(outcomes)} workflows ({len(rows)} stages)")
+            meta = train_router(rows, outcomes, root, **kwargs)
+        else:
+            from services.predictor.training import train_predictor
+
+            progress.update(task, description=f"training on {len(rows)} stages")
+            meta = train_predictor(rows, root, **kwargs)
+    console.print(f"{kind} {meta.version} ({meta.backend}) is current; held-out metrics:")
+    console.print_json(data=meta.metrics)
+
+
 @app.command()
 def router(
     traces: TracesOpt = None,
@@ -71,16 +94,7 @@ def router(
     backend: BackendOpt = None,
 ) -> None:
     """Train the router (per-model success confidence) from traces joined with workflow outcomes."""
-    from services.router.training import train_router
-
-    with _progress() as progress:
-        task = progress.add_task("reading traces", total=None)
-        rows, outcomes = _load(traces, redis_url, key_prefix)
-        progress.update(task, description=f"training on {len(outcomes)} workflows ({len(rows)} stages)")
-        kwargs = {"backend": backend} if backend else {}
-        meta = train_router(rows, outcomes, artifacts, **kwargs)  # type: ignore[arg-type]
-    console.print(f"router {meta.version} ({meta.backend}) is current; held-out metrics:")
-    console.print_json(data=meta.metrics)
+    _train("router", traces, redis_url, key_prefix, artifacts, backend)
 
 
 @app.command()
@@ -92,13 +106,4 @@ def predictor(
     backend: BackendOpt = None,
 ) -> None:
     """Train the length predictor (remaining workflow tokens) from stage traces."""
-    from services.predictor.training import train_predictor
-
-    with _progress() as progress:
-        task = progress.add_task("reading traces", total=None)
-        rows, _ = _load(traces, redis_url, key_prefix)
-        progress.update(task, description=f"training on {len(rows)} stages")
-        kwargs = {"backend": backend} if backend else {}
-        meta = train_predictor(rows, artifacts, **kwargs)  # type: ignore[arg-type]
-    console.print(f"predictor {meta.version} ({meta.backend}) is current; held-out metrics:")
-    console.print_json(data=meta.metrics)
+    _train("predictor", traces, redis_url, key_prefix, artifacts, backend)
