@@ -1,10 +1,11 @@
 """Retrain the router and the predictor from the exported JSONL, through the training code they own.
 
-NOTE(retrain): retraining is idempotent by data: the training rows are hashed the way the training modules
-hash them into ``ArtifactMeta.data_hash``, and when ``CURRENT`` was already fitted on exactly these rows
-(with the requested backend) nothing is published. A redelivered or repeated task therefore never stacks up
-identical versions; new rows (a later export) give a new hash and a new version. The training modules are
-imported only when a retrain runs, so the jobs worker starts without scikit-learn and friends.
+NOTE(retrain): retraining is idempotent by data: the training rows are hashed by the training modules' own
+``router_data_hash`` / ``predictor_data_hash`` (what ``ArtifactMeta.data_hash`` records), and when
+``CURRENT`` was already fitted on exactly these rows (with the requested backend) nothing is published. A
+redelivered or repeated task therefore never stacks up identical versions; new rows (a later export) give a
+new hash and a new version. The training modules are imported only when a retrain runs, so the jobs worker
+starts without scikit-learn and friends.
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ def retrain_router(
     traces, outcomes = read_exported(traces_dir)
     if len(outcomes) < min_rows:
         return RetrainResult(training.KIND, len(outcomes), None, f"{len(outcomes)} outcomes < {min_rows}")
-    lines = [t.to_json() for t in traces] + [o.to_json() for o in outcomes]
-    current = _same_as_current(artifact_root / training.KIND, artifacts.data_hash(lines), backend)
+    current = _same_as_current(
+        artifact_root / training.KIND, training.router_data_hash(traces, outcomes), backend
+    )
     if current is not None:
         return RetrainResult(training.KIND, len(outcomes), None, f"{current} was fitted on these rows")
     if backend:
@@ -77,9 +79,7 @@ def retrain_predictor(
     traces, _ = read_exported(traces_dir)
     if len(traces) < min_rows:
         return RetrainResult(training.KIND, len(traces), None, f"{len(traces)} traces < {min_rows}")
-    current = _same_as_current(
-        artifact_root / training.KIND, artifacts.data_hash(t.to_json() for t in traces), backend
-    )
+    current = _same_as_current(artifact_root / training.KIND, training.predictor_data_hash(traces), backend)
     if current is not None:
         return RetrainResult(training.KIND, len(traces), None, f"{current} was fitted on these rows")
     if backend:
