@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import socket
 import sys
 import threading
@@ -48,8 +49,31 @@ class Stack:
     metrics: dict[str, str] = field(default_factory=dict)
 
 
-def free_port(host: str) -> int:
-    with socket.socket() as s:
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def free_port(host: str, rng: random.Random | None = None) -> int:
+    """A port that is free now and that the kernel will not hand out by itself meanwhile.
+
+    NOTE(ports): the child binds the port a moment after we pick it. A port from the kernel's ephemeral
+    range (what binding port 0 returns) can be taken in that gap as the source port of any outgoing
+    loopback connection, which made start-ups fail with EADDRINUSE under load; so pick below that range.
+    """
+    rng = rng or random.Random()
+    top = _ephemeral_low()
+    for _ in range(200):
+        port = rng.randrange(10_000, top)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # the low range is crowded: fall back to the kernel's choice
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
