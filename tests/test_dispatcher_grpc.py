@@ -116,6 +116,10 @@ async def test_generate_streams_deltas_then_one_final(stack: Stack) -> None:
     assert (f.usage.prompt_tokens, f.usage.completion_tokens, f.attempts) == (7, 2, 1)
     assert (f.predicted_tokens, f.predicted_tokens_p90) == (40, 80)
     assert f.dispatch_ms > 0 and f.e2e_s >= f.queue_wait_s >= 0
+    # The Table 1 split: each part was spent (a first stage asks both models) and together they fit in it.
+    t = f.dispatch_timings
+    assert min(t.router_ms, t.predictor_ms, t.policy_ms, t.redis_ms) > 0
+    assert t.router_ms + t.predictor_ms + t.policy_ms + t.redis_ms <= f.dispatch_ms
     fields = await stack.store.request_fields("e1", "r-ok")
     decision = json.loads(fields["decision"])
     assert decision["branch"] == "new" and decision["degraded"] == [] and decision["y"] == 40

@@ -127,6 +127,17 @@ class Prediction:
 
 
 @dataclass(frozen=True, slots=True)
+class DispatchTimings:
+    """Where one request's dispatch time went, in ms (the paper's Table 1 split: router, predictor, and the
+    scheduler, which is the policy plus its Redis round trips)."""
+
+    router_ms: float = 0.0
+    predictor_ms: float = 0.0
+    policy_ms: float = 0.0
+    redis_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimedRequest:
     """A request a worker has popped: it holds the lease for ``attempt`` until it completes or dies."""
 

@@ -23,7 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.common.queue import QueueStore
-from services.common.types import EngineSnapshot, OutcomeRow, Prediction, StageRequest
+from services.common.types import DispatchTimings, EngineSnapshot, OutcomeRow, Prediction, StageRequest
 from services.dispatcher.clients import ConfidenceSource, LengthSource
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.errors import (
@@ -78,6 +78,7 @@ class Dispatched:
     degraded: tuple[str, ...]  # dependencies that failed and were replaced by a fallback
     branch: str = "new"  # new | pinned | reuse | reuse-race
     observer: RequestObserver | None = None  # told how the request's stream ends
+    timings: DispatchTimings = DispatchTimings()  # the split of dispatch_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +93,9 @@ class _Timings:
     predictor_ms: float = 0.0
     policy_ms: float = 0.0
     redis_ms: float = 0.0
+
+    def frozen(self) -> DispatchTimings:
+        return DispatchTimings(self.router_ms, self.predictor_ms, self.policy_ms, self.redis_ms)
 
 
 def _s(x: Any) -> str:
@@ -222,7 +226,17 @@ class Dispatcher:
                 await self._redis(t, self._unassign(keys=[k.program(req.program_id)], args=[req.request_id]))
             raise DuplicateRequest(f"request {req.request_id} already exists")
         d = Dispatched(
-            req, engine, model, pred, score, t_enq, _ms_since(started), tuple(degraded), branch, self.metrics
+            req,
+            engine,
+            model,
+            pred,
+            score,
+            t_enq,
+            _ms_since(started),
+            tuple(degraded),
+            branch,
+            self.metrics,
+            t.frozen(),
         )
         self.metrics.accepted(d, branch, dict(confidences))
         return d

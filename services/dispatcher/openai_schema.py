@@ -107,6 +107,12 @@ def chimera_info(f: Final, program_id: str, stage: int) -> dict[str, Any]:
         "predicted_tokens_p90": f.predicted_tokens_p90,
         "attempts": f.attempts,
         "dispatch_ms": f.dispatch_ms,
+        "dispatch_timings_ms": {
+            "router": f.timings.router_ms,
+            "predictor": f.timings.predictor_ms,
+            "policy": f.timings.policy_ms,
+            "redis": f.timings.redis_ms,
+        },
     }
 
 

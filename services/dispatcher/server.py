@@ -71,6 +71,12 @@ def _completion(f: Final) -> pb.Completion:
         predicted_tokens_p90=f.predicted_tokens_p90,
         attempts=f.attempts,
         dispatch_ms=f.dispatch_ms,
+        dispatch_timings=pb.DispatchTimings(
+            router_ms=f.timings.router_ms,
+            predictor_ms=f.timings.predictor_ms,
+            policy_ms=f.timings.policy_ms,
+            redis_ms=f.timings.redis_ms,
+        ),
     )
 
 

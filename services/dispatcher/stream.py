@@ -21,6 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.common.queue import QueueStore
+from services.common.types import DispatchTimings
 from services.dispatcher.dispatch import Dispatched
 from services.dispatcher.errors import DeadlineExceeded, DispatchError, RequestFailed, StoreUnavailable
 
@@ -49,6 +50,7 @@ class Final:
     predicted_tokens_p90: int
     attempts: int
     dispatch_ms: float
+    timings: DispatchTimings = DispatchTimings()
 
 
 StreamItem = Delta | Final
@@ -160,6 +162,7 @@ async def _final(
         predicted_tokens_p90=d.prediction.p90,
         attempts=attempts,
         dispatch_ms=d.dispatch_ms,
+        timings=d.timings,
     )
 
 

@@ -21,6 +21,7 @@ from services.sdk.errors import (
 )
 from services.sdk.types import (
     Completion,
+    DispatchTimings,
     EngineStatus,
     Message,
     MessageLike,
@@ -38,6 +39,7 @@ __all__ = [
     "Client",
     "Completion",
     "DeadlineExceededError",
+    "DispatchTimings",
     "DuplicateRequestError",
     "EngineStatus",
     "InvalidRequestError",

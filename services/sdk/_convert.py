@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from chimera.dispatcher.v1 import dispatcher_pb2 as pb
-from services.sdk.types import Completion, EngineStatus, Message, ModelStatus, ProgramEnd, Sampling, TextDelta
+from services.sdk.types import (
+    Completion,
+    DispatchTimings,
+    EngineStatus,
+    Message,
+    ModelStatus,
+    ProgramEnd,
+    Sampling,
+    TextDelta,
+)
 
 
 def generate_request(
@@ -61,6 +70,12 @@ def event(resp: pb.GenerateResponse) -> TextDelta | Completion:
         predicted_tokens_p90=f.predicted_tokens_p90,
         attempts=f.attempts,
         dispatch_ms=f.dispatch_ms,
+        dispatch_timings=DispatchTimings(
+            router_ms=f.dispatch_timings.router_ms,
+            predictor_ms=f.dispatch_timings.predictor_ms,
+            policy_ms=f.dispatch_timings.policy_ms,
+            redis_ms=f.dispatch_timings.redis_ms,
+        ),
     )
 
 

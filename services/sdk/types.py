@@ -54,6 +54,16 @@ class TextDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class DispatchTimings:
+    """Where a stage's ``dispatch_ms`` went (ms): router, predictor, the policy and its Redis round trips."""
+
+    router_ms: float = 0.0
+    predictor_ms: float = 0.0
+    policy_ms: float = 0.0
+    redis_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class Completion:
     request_id: str
     text: str
@@ -68,6 +78,7 @@ class Completion:
     predicted_tokens_p90: int
     attempts: int
     dispatch_ms: float
+    dispatch_timings: DispatchTimings = DispatchTimings()
 
 
 @dataclass(frozen=True, slots=True)
