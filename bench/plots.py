@@ -62,7 +62,7 @@ def _fig3(data: Mapping[str, Any], section: str, dataset: str, path: Path) -> No
         for k, (name, label) in enumerate(zip(names, labels, strict=True)):
             xs = [i + k * width for i in range(len(rps_keys))]
             ax.bar(xs, [by_rps[r][name]["queue_mean_s"] for r in rps_keys], width, label=label)
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rps_keys))], [f"RPS {r}" for r in rps_keys])
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rps_keys))], [f"load {r}" for r in rps_keys])
         ax.set_title(f"{dataset}: {model} ({section})", fontsize=8)
         ax.set_ylabel("mean queue time (s)", fontsize=7)
         ax.tick_params(labelsize=6)

@@ -52,7 +52,8 @@ POOL = ("qwen2.5-1.5b", "qwen2.5-7b")
 # A runaway stage (up to 30k tokens) would keep one replay running for minutes of real time: stages are
 # capped here, in the live run and its simulator replica alike (the dispatcher's default limit is 8192).
 MAX_STAGE_TOKENS = 4096
-RANKED = (("vllm", 0.0), ("chimera", 1.0), ("chimera-plus", 1.0))
+RANKED = (("vllm", 0.0), ("chimera", 1.0), ("chimera", 4.0), ("chimera-plus", 1.0), ("chimera-plus", 4.0))
+BOOTSTRAP_SEED = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,14 +176,20 @@ async def _job(stub: Any, pb: Any, rj: ReplayJob, tag: str) -> dict[str, Any]:
     pid = f"replay-{tag}-{rj.job.index}"
     t0 = time.monotonic()
     history: list[str] = []
-    dispatch_ms, model = 0.0, ""
+    spent = dict.fromkeys(("dispatch", "router", "predictor", "policy", "redis"), 0.0)
+    model = ""
     for k in range(rj.workflow.n_stages):
         final = await _stage(stub, pb, rj, pid, k, history)
         history.append(final.text)
-        dispatch_ms += final.dispatch_ms
+        t = final.dispatch_timings
+        spent["dispatch"] += final.dispatch_ms
+        spent["router"] += t.router_ms
+        spent["predictor"] += t.predictor_ms
+        spent["policy"] += t.policy_ms
+        spent["redis"] += t.redis_ms
         model = resolve_model(final.model).key
     await stub.EndProgram(pb.EndProgramRequest(program_id=pid))
-    return {"e2e_s": time.monotonic() - t0, "dispatch_ms": dispatch_ms, "model": model}
+    return {"e2e_s": time.monotonic() - t0, "model": model, **{f"{k}_ms": v for k, v in spent.items()}}
 
 
 async def _drive(addr: str, jobs: list[ReplayJob], rate: float, seed: int, tag: str) -> list[dict[str, Any]]:
@@ -220,22 +227,19 @@ def _pool(derived: dict[str, Any], time_scale: float) -> PoolSpec:
     )
 
 
-def replay(n: int, rps: float, time_scale: float, seed: int, dataset: str, state: Path) -> dict[str, Any]:
+def replay_seed(
+    n: int, rps: float, time_scale: float, seed: int, dataset: str, state: Path
+) -> dict[str, dict[str, Any]]:
+    """One seed: every policy of ``RANKED`` live (a fresh stack each) and in the simulator replica."""
     derived = derive_all(measure_shapes(POOL))
     specs = {k: EngineSpec(d.profile, d.kv_capacity_tokens, d.max_num_seqs) for k, d in derived.items()}
     jobs = build_jobs(n, seed, dataset)
+    # The learned models are bootstrapped once per replay (training seed fixed), so seeds vary the jobs only.
     settings = LauncherSettings.ephemeral(
-        state, bootstrap_workflows=1000, seed=seed + 1, embedded_corpus=False
+        state, bootstrap_workflows=1000, seed=BOOTSTRAP_SEED, embedded_corpus=False
     )
     pool = _pool(derived, time_scale)
-    out: dict[str, Any] = {
-        "n": n,
-        "rps": rps,
-        "time_scale": time_scale,
-        "seed": seed,
-        "dataset": dataset,
-        "policies": {},
-    }
+    out: dict[str, dict[str, Any]] = {}
     replica: list[Job] | None = None
     for policy, tau in RANKED:
         env = {"CHIMERA_DISPATCHER_POLICY": policy, "CHIMERA_DISPATCHER_TAU": f"{tau:g}"}
@@ -243,7 +247,7 @@ def replay(n: int, rps: float, time_scale: float, seed: int, dataset: str, state
             rows = asyncio.run(_drive(stack.dispatcher_addr, jobs, rps * time_scale, seed, policy))
             replica = replica or with_live_models(jobs, state / "artifacts")
         sim = summarize(simulate(replica, SimConfig(POOL, rps, policy, tau=tau, seed=seed), specs))
-        out["policies"][f"{policy} tau={tau:g}"] = {
+        out[f"{policy} tau={tau:g}"] = {
             "live": _live_summary(rows, jobs, time_scale),
             "sim": {
                 "latency_per_token_ms": sim.latency_per_token_ms,
@@ -251,49 +255,117 @@ def replay(n: int, rps: float, time_scale: float, seed: int, dataset: str, state
                 "share_7b": sim.share.get("qwen2.5-7b", 0.0),
             },
         }
-    for metric in ("latency_per_token_ms", "score"):
-        order = {
-            side: sorted(out["policies"], key=lambda k: out["policies"][k][side][metric])
+    return out
+
+
+def _order(by_policy: dict[str, dict[str, Any]], side: str, metric: str) -> list[str]:
+    return sorted(by_policy, key=lambda k: by_policy[k][side][metric])
+
+
+def _mean(runs: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per policy and side, the mean of every metric over seeds."""
+    return {
+        name: {
+            side: {m: sum(r[name][side][m] for r in runs) / len(runs) for m in runs[0][name][side]}
             for side in ("live", "sim")
         }
-        out[f"order_by_{metric}"] = {**order, "agree": order["live"] == order["sim"]}
+        for name in runs[0]
+    }
+
+
+def replay(
+    n: int, rps: float, time_scale: float, seeds: Sequence[int], dataset: str, state: Path
+) -> dict[str, Any]:
+    per_seed = {seed: replay_seed(n, rps, time_scale, seed, dataset, state) for seed in seeds}
+    mean = _mean(list(per_seed.values()))
+    out: dict[str, Any] = {
+        "n": n,
+        "rps": rps,
+        "time_scale": time_scale,
+        "seeds": list(seeds),
+        "dataset": dataset,
+        "policies": mean,
+        "per_seed": {str(k): v for k, v in per_seed.items()},
+    }
+    for metric in ("latency_per_token_ms", "score"):
+        order = {side: _order(mean, side, metric) for side in ("live", "sim")}
+        seed_agree = [_order(r, "live", metric) == _order(r, "sim", metric) for r in per_seed.values()]
+        out[f"order_by_{metric}"] = {
+            **order,
+            "agree": order["live"] == order["sim"],
+            "seeds_agree": seed_agree,
+        }
     return out
 
 
 def _live_summary(rows: list[dict[str, Any]], jobs: list[ReplayJob], time_scale: float) -> dict[str, float]:
     pairs = list(zip(rows, jobs, strict=True))
     n = len(pairs)
+
+    def share(key: str) -> float:
+        # Real time spent over real (time_scale-compressed) E2E, averaged over workflows: at time_scale 1
+        # that is the share at the profile's speed; above 1 it is an upper bound of it.
+        return sum(r[key] / (1000 * r["e2e_s"]) for r, _ in pairs) / n
+
     return {
         "latency_per_token_ms": sum(1000 * r["e2e_s"] * time_scale / max(1, sum(j.lengths)) for r, j in pairs)
         / n,
         "score": sum(j.job.runs[r["model"]].score for r, j in pairs) / n,
-        # Real dispatch time over real (compressed) E2E: an upper bound of the share at paper scale.
-        "dispatch_share_of_e2e": sum(r["dispatch_ms"] / (1000 * r["e2e_s"]) for r, _ in pairs) / n,
+        "dispatch_share_of_e2e": share("dispatch_ms"),
+        "router_share_of_e2e": share("router_ms"),
+        "predictor_share_of_e2e": share("predictor_ms"),
+        # The scheduler: the policy's own computation plus its Redis round trips (assign, enqueue, reads).
+        "scheduler_share_of_e2e": share("policy_ms") + share("redis_ms"),
         "dispatch_ms_per_workflow": sum(r["dispatch_ms"] for r, _ in pairs) / n,
         "share_7b": sum(r["model"] == "qwen2.5-7b" for r, _ in pairs) / n,
     }
 
 
 def table(data: dict[str, Any]) -> str:
+    seeds = ", ".join(str(s) for s in data["seeds"])
     lines = [
-        f"# Live replay vs simulator ({data['dataset']}, Qwen1.5B+7B, {data['n']} workflows, "
-        f"RPS {data['rps']:g}, time_scale {data['time_scale']:g}, seed {data['seed']})",
+        f"# Live replay vs simulator ({data['dataset']}, Qwen1.5B+7B, {data['n']} workflows per seed, "
+        f"RPS {data['rps']:g}, time_scale {data['time_scale']:g}, seeds {seeds})",
+        "",
+        "Means over seeds.",
         "",
         "| policy | live ms/token | sim ms/token | live score | sim score | live 7B share | sim 7B share "
-        "| dispatch ms per workflow | dispatch share of E2E |",
-        "|" + "---|" * 9,
+        "| dispatch ms per workflow |",
+        "|" + "---|" * 8,
     ]
     for name, v in data["policies"].items():
         lv, sm = v["live"], v["sim"]
         lines.append(
             f"| {name} | {lv['latency_per_token_ms']:.1f} | {sm['latency_per_token_ms']:.1f} | "
             f"{lv['score']:.3f} | {sm['score']:.3f} | {lv['share_7b']:.2f} | {sm['share_7b']:.2f} | "
-            f"{lv['dispatch_ms_per_workflow']:.0f} | {100 * lv['dispatch_share_of_e2e']:.1f}% |"
+            f"{lv['dispatch_ms_per_workflow']:.0f} |"
         )
+    lines += [
+        "",
+        "## Table 1: overhead as a share of end-to-end workflow latency (live, real time)",
+        "",
+        "| policy | router | predictor | scheduler (policy + Redis) | all of dispatch | paper (all) |",
+        "|" + "---|" * 6,
+    ]
+    for name, v in data["policies"].items():
+        parts = ("router", "predictor", "scheduler", "dispatch")
+        cells = " | ".join(f"{100 * v['live'][f'{p}_share_of_e2e']:.2f}%" for p in parts)
+        lines.append(f"| {name} | {cells} | <= 2.2% |")
+    lines += ["", "## Per seed (live / sim ms per token)", ""]
+    lines.append("| seed | " + " | ".join(data["policies"]) + " |")
+    lines.append("|" + "---|" * (len(data["policies"]) + 1))
+    for seed, by in data["per_seed"].items():
+        cells = [
+            f"{by[k]['live']['latency_per_token_ms']:.1f} / {by[k]['sim']['latency_per_token_ms']:.1f}"
+            for k in data["policies"]
+        ]
+        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
     for metric in ("latency_per_token_ms", "score"):
         o = data[f"order_by_{metric}"]
+        per = sum(o["seeds_agree"])
         lines.append(
-            f"\nOrder by {metric} (ascending): live {o['live']}, sim {o['sim']}: agree = {o['agree']}."
+            f"\nOrder by {metric} (ascending, means over seeds): live {o['live']}, sim {o['sim']}: "
+            f"agree = {o['agree']} (per seed: {per} of {len(o['seeds_agree'])} agree)."
         )
     return "\n".join(lines) + "\n"
 
@@ -302,13 +374,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Live replay through the real services vs the simulator.")
     parser.add_argument("--n", type=int, default=60)
     parser.add_argument("--rps", type=float, default=4.0)
-    parser.add_argument("--time-scale", type=float, default=2.0)
-    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[7])
     parser.add_argument("--dataset", default="math")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="chimera-replay-") as tmp:
-        data = replay(args.n, args.rps, args.time_scale, args.seed, args.dataset, Path(tmp))
+        data = replay(args.n, args.rps, args.time_scale, args.seeds, args.dataset, Path(tmp))
     data["command"] = "python -m bench.replay " + " ".join(argv if argv is not None else sys.argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "replay.json").write_text(json.dumps(data, indent=1) + "\n")

@@ -52,7 +52,7 @@ class Mode:
     rps: tuple[float, ...]
     taus: tuple[float, ...]
     fig3_models: tuple[str, ...]
-    fig3_rps: tuple[float, ...]
+    fig3_loads: tuple[float, ...]  # offered load as a fraction of each model's capacity (capacity_rps)
     n_jobs: int
     n_train: int
 
@@ -63,9 +63,9 @@ MODES = {
         ("code", "math"),
         tuple(POOLS),
         (8, 12, 16),
-        (0, 0.25, 0.5, 1, 2, 4, 8),
+        (0, 0.25, 0.5, 1, 1.5, 2, 3, 4, 6, 8),
         SINGLE,
-        (4, 8, 12, 16),
+        (0.8, 0.9, 0.95, 1.0),
         2000,
         2000,
     ),
@@ -76,7 +76,7 @@ MODES = {
         (8, 16),
         (0, 1, 4),
         ("qwen2.5-7b", "qwen2.5-14b"),
-        (8,),
+        (0.9,),
         250,
         400,
     ),
@@ -119,9 +119,26 @@ def plan(mode: Mode) -> list[Run]:
                 runs += [(d, pool, rps, v, 0.0, "frontier") for v in BASELINES]
                 runs += [(d, pool, rps, v, t, "frontier") for v in TAU_VARIANTS for t in mode.taus]
         for m in mode.fig3_models:
-            for rps in mode.fig3_rps:
-                runs += [(d, m, rps, v, 0.0, sec) for sec in FIG3_AGING for v in FIG3_VARIANTS]
+            for load in mode.fig3_loads:  # the caller turns the load into this model's RPS
+                runs += [(d, m, load, v, 0.0, sec) for sec in FIG3_AGING for v in FIG3_VARIANTS]
     return runs
+
+
+def capacity_rps(prep: Prepared, model: str, spec: EngineSpec) -> float:
+    """Workflows per second ``model`` sustains alone: 1 / its mean GPU time per workflow, every stage's
+    prompt prefilled and its output decoded at full-batch throughput. Figure 3 loads each model at fractions
+    of this, because a fixed RPS puts the models in different regimes: RPS 4 is several times what one 14B
+    sustains (its queue grows for the whole run and every order drains the same backlog), while the 1.5B
+    never queues at RPS 12."""
+    p = spec.profile
+    batch = max(1, min(p.max_batch_size, spec.max_num_seqs))
+    per_token = p.step_time_ms(batch) / batch
+    pre = p.prefill_ms_per_token
+    ms = [
+        sum(s.prompt_tokens * pre + s.output_tokens * per_token for s in j.runs[model].stages)
+        for j in prep.jobs
+    ]
+    return 1000.0 * len(ms) / sum(ms)
 
 
 def sweep(mode: Mode, seed: int, cache: Path) -> dict[str, Any]:
@@ -141,12 +158,16 @@ def sweep(mode: Mode, seed: int, cache: Path) -> dict[str, Any]:
         for d, p in preps.items()
     }
     sections: dict[str, dict[str, Any]] = {"frontier": {}, **{k: {} for k in FIG3_AGING}}
-    for d, pool, rps, v, tau, sec in tqdm(plan(mode), desc="simulate", unit="run"):
+    capacity = {d: {m: capacity_rps(p, m, specs[m]) for m in mode.fig3_models} for d, p in preps.items()}
+    out["fig3_capacity_rps"] = capacity
+    for d, pool, rps_or_load, v, tau, sec in tqdm(plan(mode), desc="simulate", unit="run"):
         models = POOLS.get(pool, (pool,))
         aging = FIG3_AGING.get(sec, DEFAULT_AGING)
+        # Figure 3 cells are keyed by load; the simulator gets the model's RPS at that load.
+        rps = rps_or_load * capacity[d][pool] if sec in FIG3_AGING else rps_or_load
         cfg = SimConfig(models, rps, v, tau=tau, aging_rate=aging, seed=seed)
         summary = _summary(preps[d], cfg, specs)
-        node = sections[sec].setdefault(d, {}).setdefault(pool, {}).setdefault(f"{rps:g}", {})
+        node = sections[sec].setdefault(d, {}).setdefault(pool, {}).setdefault(f"{rps_or_load:g}", {})
         if VARIANTS[v].uses_tau:
             node.setdefault(v, {})[f"{tau:g}"] = summary
         else:

@@ -50,7 +50,7 @@ ALL_MODELS: tuple[str, ...] = tuple(m.key for m in MODELS)
 # jobs in reasonable time), falling back to the text-blind baselines when the registry lacks them.
 ROUTER_PREFERENCE = ("tfidf", "prior")
 PREDICTOR_PREFERENCE = ("qrf", "empirical")
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # bump whenever training or job building changes what a cached entry holds
 
 
 @dataclass(frozen=True, slots=True)
