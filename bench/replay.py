@@ -305,7 +305,7 @@ def _live_summary(rows: list[dict[str, Any]], jobs: list[ReplayJob], time_scale:
     def share(key: str) -> float:
         # Real time spent over real (time_scale-compressed) E2E, averaged over workflows: at time_scale 1
         # that is the share at the profile's speed; above 1 it is an upper bound of it.
-        return sum(r[key] / (1000 * r["e2e_s"]) for r, _ in pairs) / n
+        return float(sum(r[key] / (1000 * r["e2e_s"]) for r, _ in pairs)) / n
 
     return {
         "latency_per_token_ms": sum(1000 * r["e2e_s"] * time_scale / max(1, sum(j.lengths)) for r, j in pairs)
@@ -355,11 +355,11 @@ def table(data: dict[str, Any]) -> str:
     lines.append("| seed | " + " | ".join(data["policies"]) + " |")
     lines.append("|" + "---|" * (len(data["policies"]) + 1))
     for seed, by in data["per_seed"].items():
-        cells = [
+        row = [
             f"{by[k]['live']['latency_per_token_ms']:.1f} / {by[k]['sim']['latency_per_token_ms']:.1f}"
             for k in data["policies"]
         ]
-        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+        lines.append(f"| {seed} | " + " | ".join(row) + " |")
     for metric in ("latency_per_token_ms", "score"):
         o = data[f"order_by_{metric}"]
         per = sum(o["seeds_agree"])
