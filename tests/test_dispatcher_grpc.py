@@ -289,3 +289,32 @@ async def test_pinned_model_skips_the_router_and_binds_the_program(stack: Stack)
     req = _gen(program="p-pin", stage=1, request_id="r-pin-2", model="m-big")
     assert await _code(stack.stub, req) == grpc.StatusCode.FAILED_PRECONDITION
     assert await _state_keys(stack.redis, stack.keys) == before
+
+
+async def test_mlfq_is_fed_the_programs_attained_service(
+    private_redis: PrivateRedis, keys: Keys, redis_client: Redis
+) -> None:
+    """The front door credits each relayed stage's output tokens to its program, and a policy that orders by
+    attained service (MLFQ) is fed that count instead of the predictor's ŷ."""
+    await register_engines(redis_client, keys)
+    store = QueueStore(redis_client, keys)
+    async with (
+        fake_workers(store),
+        fake_dependencies(private_redis, keys) as settings,
+        _dispatcher(settings.model_copy(update={"policy": "mlfq"}), redis_client, keys) as addr,
+        grpc.aio.insecure_channel(addr) as ch,
+    ):
+        stub = dispatcher_pb2_grpc.DispatcherStub(ch)
+        first = (await _collect(stub, _gen(program="pm", request_id="m-0")))[-1].final
+        assert await redis_client.hget(keys.program("pm"), "attained") == str(first.usage.completion_tokens)
+        second = (await _collect(stub, _gen(program="pm", stage=1, request_id="m-1")))[-1].final
+        decision = json.loads((await store.request_fields(second.engine, "m-1"))["decision"])
+        # 2 attained tokens sit in MLFQ's first level (floor 0): the score is the aging term alone, where the
+        # predictor's 40 would have added 40.
+        assert decision["y"] == 40
+        assert decision["score"] == pytest.approx(decision["aging_rate"] * decision["t_enq"])
+        assert await redis_client.hget(keys.program("pm"), "attained") == str(
+            first.usage.completion_tokens + second.usage.completion_tokens
+        )
+        await stub.EndProgram(pb.EndProgramRequest(program_id="pm"))
+        assert not await redis_client.exists(keys.program("pm"))

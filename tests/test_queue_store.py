@@ -107,3 +107,15 @@ async def test_assign_is_sticky_and_rejects_backwards_stages(redis_client: Redis
     assert await q.assign("p", "e1", "m1", "wf", 0, "r0", 60, {"m1": 0.5}) == ("new", "e1", "m1")
     assert await q.assign("p", "e2", "m2", "wf", 1, "r1", 60, {}) == ("ok", "e1", "m1")
     assert (await q.assign("p", "e1", "m1", "wf", 0, "r2", 60, {}))[0] == "backwards"
+
+
+async def test_credit_adds_to_a_live_program_and_never_revives_an_ended_one(
+    redis_client: Redis, keys: Keys
+) -> None:
+    q = QueueStore(redis_client, keys)
+    assert await q.credit_program("gone", 50) == 0
+    assert not await redis_client.exists(keys.program("gone"))
+    await q.assign("p", "e1", "m1", "wf", 0, "r0", 60, {})
+    assert await q.credit_program("p", 30) == 30
+    assert await q.credit_program("p", 12) == 42
+    assert await redis_client.ttl(keys.program("p")) > 0  # the TTL the assign script set is kept

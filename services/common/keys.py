@@ -94,7 +94,8 @@ class Keys:
         return f"{self.prefix}:{{{engine}}}:traces"
 
     def program(self, program_id: str) -> str:
-        """HASH: engine, model, workflow, last stage, current request, router confidences, created.
+        """HASH: engine, model, workflow, last stage, current request, router confidences, created, and
+        ``attained`` (output tokens of its finished stages, credited by the front door as it relays them).
 
         Written by the assign script on every stage; deleted by EndProgram; TTL ``program_ttl_s``,
         refreshed on every stage so that abandoned workflows disappear.

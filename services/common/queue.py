@@ -58,6 +58,7 @@ class QueueStore:
         self._cancel = redis.register_script(lua.CANCEL)
         self._reap = redis.register_script(lua.REAP)
         self._assign = redis.register_script(lua.ASSIGN)
+        self._credit = redis.register_script(lua.CREDIT)
 
     @property
     def keys(self) -> Keys:
@@ -93,6 +94,10 @@ class QueueStore:
         )
         status, eng, mdl = (x.decode() if isinstance(x, bytes) else str(x) for x in res)
         return status, eng, mdl
+
+    async def credit_program(self, program_id: str, tokens: int) -> int:
+        """Add a finished stage's output tokens to its program's attained service (0: program gone)."""
+        return int(await self._credit(keys=[self._k.program(program_id)], args=[max(0, tokens)]))
 
     async def enqueue(
         self,

@@ -184,3 +184,12 @@ redis.call('HSET', KEYS[1], 'stage', ARGV[4], 'request_id', ARGV[5], 'updated', 
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 return {'ok', f[1], f[2]}
 """
+
+# KEYS: program
+# ARGV: tokens
+# Credits a finished stage's output tokens to its program's attained service (what MLFQ orders by). A
+# program already ended or expired is left alone: HINCRBY alone would re-create it without a TTL.
+CREDIT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+return redis.call('HINCRBY', KEYS[1], 'attained', ARGV[1])
+"""

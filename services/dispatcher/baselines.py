@@ -12,10 +12,12 @@ function; the registry cannot change what the caller feeds it, so each entry sta
   not a competitor). Fed the oracle it is the paper's vLLM(STJF); fed the predictor it is a learned STJF.
 - ``ltr``: the same balancer; shortest job first on a per-request output-length estimate. The paper's OPT
   ranker (Fu et al. 2024) is replaced by the product's length predictor trained on *per-stage* targets (each
-  stage its own job, no workflow awareness): the caller feeds that per-stage estimate.
+  stage its own job, no workflow awareness): the caller feeds that per-stage estimate. Only the simulator
+  has that predictor; the live dispatcher feeds its remaining-workflow ŷ, so a live ``ltr`` is a learned STJF.
 - ``mlfq``: the same balancer; FastServe-style multi-level feedback queue by *attained service*. The caller
   feeds the tokens the workflow has already generated in its earlier stages (program-level attained service,
-  as Autellix does; the dispatcher does not track it yet, so live runs need it added). Levels and quanta:
+  as Autellix does): the dispatcher reads the program table's ``attained`` (``Policy.priority_input``), which
+  the front door credits as it relays each stage's final answer. Levels and quanta:
   ``MLFQ_LEVEL_FLOORS`` = 0 | 256 | 1024 | 4096 tokens (x4 quanta: 256, 768, 3072, then the last level),
   FCFS within a level, and promotion by waiting time through the same linear aging as Chimera's queue. Queues
   are non-preemptive (a stage, once running, finishes), as every policy here: the engine's batch is not

@@ -214,9 +214,9 @@ class Dispatcher:
             engine, model, branch = assigned, assigned_model, "reuse-race"
         t_enq = self._clock()
         t0 = time.perf_counter()
-        score = self._policy.priority(
-            pred.p50, t_enq, self.settings.aging_rate, self.settings.priority_cap_tokens
-        )
+        attained = int(program.get("attained", "0") or 0)  # 0 on a first stage: nothing finished yet
+        fed = attained if self._policy.priority_input == "attained" else pred.p50
+        score = self._policy.priority(fed, t_enq, self.settings.aging_rate, self.settings.priority_cap_tokens)
         t.policy_ms += _ms_since(t0)
         decision = self._record(branch, engine, model, selection, engines, pred, score, t_enq, degraded, t)
         decision["dispatch_ms_before_enqueue"] = _ms_since(started)

@@ -193,11 +193,14 @@ class PriorityFn(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """A named pair: how to pick an engine, and how an engine orders its queue."""
+    """A named pair: how to pick an engine, and how an engine orders its queue, fed ``priority_input``:
+    ``predicted`` (the predictor's remaining-workflow median) or ``attained`` (output tokens the program's
+    finished stages produced, MLFQ's attained service)."""
 
     name: str
     select: SelectFn
     priority: PriorityFn
+    priority_input: str = "predicted"
 
 
 # Read-only on purpose: policies are chosen by name in config, never patched at run time.
@@ -210,6 +213,6 @@ POLICIES: Mapping[str, Policy] = MappingProxyType(
         "vllm": Policy("vllm", vllm_select, fcfs_priority),
         "vllm-stjf": Policy("vllm-stjf", vllm_select, priority_score),
         "ltr": Policy("ltr", vllm_select, priority_score),
-        "mlfq": Policy("mlfq", vllm_select, mlfq_priority),
+        "mlfq": Policy("mlfq", vllm_select, mlfq_priority, "attained"),
     },
 )

@@ -103,6 +103,7 @@ async def stream_output(
                 elif kind == "final":
                     finished = True
                     final = await _final(store, redis, d, ev.data, clock)
+                    await _credit_quietly(store, d.request.program_id, final.completion_tokens)
                     reported = _report(d, final)
                     yield final
                     return
@@ -114,6 +115,14 @@ async def stream_output(
             _report(d, None)  # the caller went away (or was cancelled) before the end
         if not finished:
             await _cancel_quietly(store, engine, rid)
+
+
+async def _credit_quietly(store: QueueStore, program_id: str, tokens: int) -> None:
+    """Attained-service bookkeeping must never cost the caller its answer."""
+    try:
+        await store.credit_program(program_id, tokens)
+    except (RedisConnectionError, RedisTimeoutError, OSError) as e:
+        log.warning("could not credit %d tokens to program %s: %s", tokens, program_id, e)
 
 
 def _wait_ms(d: Dispatched, block_ms: int, clock: Callable[[], float]) -> int:
