@@ -52,7 +52,14 @@ POOL = ("qwen2.5-1.5b", "qwen2.5-7b")
 # A runaway stage (up to 30k tokens) would keep one replay running for minutes of real time: stages are
 # capped here, in the live run and its simulator replica alike (the dispatcher's default limit is 8192).
 MAX_STAGE_TOKENS = 4096
-RANKED = (("vllm", 0.0), ("chimera", 1.0), ("chimera", 4.0), ("chimera-plus", 1.0), ("chimera-plus", 4.0))
+RANKED = (
+    ("vllm", 0.0),
+    ("mlfq", 0.0),
+    ("chimera", 1.0),
+    ("chimera", 4.0),
+    ("chimera-plus", 1.0),
+    ("chimera-plus", 4.0),
+)
 BOOTSTRAP_SEED = 8
 
 
