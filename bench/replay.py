@@ -11,9 +11,14 @@ simulator replica does the same). Scores come from the outcome model for the mod
 
 The replica runs ``bench.sim`` on the same jobs with the router and predictor the live stack bootstrapped
 (loaded from its artifact folder), so both harnesses make their decisions with the same learned models.
-Latencies are reported in profile time (real seconds * ``time_scale``); the dispatch overhead (router,
-predictor, policy and Redis, the front door's ``dispatch_ms``) is real time and is reported as a share of
-the real E2E latency, an upper bound of the share at paper scale since the engines ran compressed.
+Latencies are reported in profile time (real seconds * ``time_scale``). The default ``time_scale`` is 1: at
+2 the five services, two simulated engines and the client could not keep the profiled clock on a 2-core
+machine, and the live latencies drifted 20-40% above the replica's (an earlier run, README). Each seed
+draws its own jobs and arrivals; the learned models are bootstrapped once (``BOOTSTRAP_SEED``).
+
+The dispatch overhead (Table 1) is real time from each stage's ``dispatch_timings`` (router, predictor, and
+the scheduler: the policy and its Redis round trips) over the workflow's real E2E latency; at
+``time_scale`` 1 that is the share at the profile's speed.
 """
 
 from __future__ import annotations
