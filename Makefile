@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTOS := $(shell find protos -name '*.proto')
 
-.PHONY: help venv proto lint test test-fast demo up bench bench-quick bench-replay bench-predictors bench-overhead knobs clean
+.PHONY: help venv proto lint test test-fast demo up bench bench-quick bench-replay bench-seeds bench-predictors bench-overhead knobs clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -57,8 +57,11 @@ bench: proto  ## paper-scale simulator sweep, all policies (bench/results/, ~8 m
 bench-quick: proto  ## small sweep for a smoke check (bench/results/quick/)
 	$(PY) -m bench.run --quick
 
-bench-replay: proto  ## live replay through the real services vs the simulator (bench/results/replay.md)
-	$(PY) -m bench.replay --n 120 --rps 4 --time-scale 2
+bench-replay: proto  ## live replay through the real services vs the simulator, Table 1 (bench/results/replay.md, ~25 min)
+	$(PY) -m bench.replay --n 100 --seeds 7 8 9
+
+bench-seeds: proto  ## the full sweep over three seeds: spread of its single-seed claims (bench/results/seeds.md)
+	$(PY) -m bench.seeds --seeds 20260323 20260333 20260343
 
 bench-predictors: proto  ## learned router and predictor vs baselines and ceilings (bench/results/predictors.*)
 	$(PY) -m bench.predictors

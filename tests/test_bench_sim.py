@@ -144,7 +144,8 @@ def test_quick_sweep_smoke(tmp_path: Path) -> None:
     from bench import run as bench_run
     from bench.report import write_all
 
-    mode = bench_run.Mode("smoke", ("math",), ("qwen1.5b+7b",), (8,), (0, 1), ("qwen2.5-7b",), (8,), 30, 120)
+    pool, single = ("qwen1.5b+7b",), ("qwen2.5-7b",)
+    mode = bench_run.Mode("smoke", ("math",), pool, (8,), (0, 1), single, (0.9,), 30, 120)
     data: dict[str, Any] = bench_run.sweep(mode, seed=5, cache=tmp_path / "cache")
     data["meta"] = {"command": "test", "seed": 5, "runtime_s": 0.0}
     (tmp_path / "frontier.json").write_text(json.dumps(data))
@@ -154,3 +155,16 @@ def test_quick_sweep_smoke(tmp_path: Path) -> None:
     assert set(cell["chimera"]) == {"0", "1"}
     for name in ("headline.md", "improved.md", "fig3.md", "fig5_math.png", "fig6_math.png", "fig3_math.png"):
         assert (tmp_path / name).stat().st_size > 0
+    # Figure 3 is keyed by load; its RPS came from the model's capacity.
+    assert set(data["fig3"]["math"]["qwen2.5-7b"]) == {"0.9"}
+    assert 0.5 < data["fig3_capacity_rps"]["math"]["qwen2.5-7b"] < 20
+    # bench.seeds aggregates sweeps: two copies of one seed give every cell's verdict twice.
+    from bench import seeds
+
+    imp = seeds.improved_cells([data, data])
+    assert len(imp) == 1 and imp[0]["hv_paper"][0] == imp[0]["hv_paper"][1] > 0
+    table, ge, _ = seeds.improved_md(imp)
+    assert ge == (imp[0]["hv_plus"][0] >= imp[0]["hv_paper"][0]) and "qwen1.5b+7b" in table
+    f3 = seeds.fig3_cells([data, data], "fig3")
+    assert f3[0]["queue_s"]["vllm"][0] == data["fig3"]["math"]["qwen2.5-7b"]["0.9"]["vllm"]["queue_mean_s"]
+    assert "qwen2.5-7b" in seeds.fig3_md(f3)[0]
