@@ -14,7 +14,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,17 +56,21 @@ def _ephemeral_low() -> int:
         return 32768  # Linux's default
 
 
-def free_port(host: str, rng: random.Random | None = None) -> int:
-    """A port that is free now and that the kernel will not hand out by itself meanwhile.
+def free_port(host: str, rng: random.Random | None = None, avoid: Collection[int] = ()) -> int:
+    """A port that is free now, not in ``avoid``, and that the kernel will not hand out by itself meanwhile.
 
     NOTE(ports): the child binds the port a moment after we pick it. A port from the kernel's ephemeral
     range (what binding port 0 returns) can be taken in that gap as the source port of any outgoing
     loopback connection, which made start-ups fail with EADDRINUSE under load; so pick below that range.
+    A stack picks all its ports before its children bind any, so it passes the ones it already picked:
+    two random picks from the same range can coincide (a replay of 18 stacks hit that once).
     """
     rng = rng or random.Random()
     top = _ephemeral_low()
     for _ in range(200):
         port = rng.randrange(10_000, top)
+        if port in avoid:
+            continue
         with socket.socket() as s:
             try:
                 s.bind((host, port))
@@ -78,8 +82,17 @@ def free_port(host: str, rng: random.Random | None = None) -> int:
         return int(s.getsockname()[1])
 
 
-def _port(host: str, configured: int) -> int:
-    return configured or free_port(host)
+class _Ports:
+    """The ports one stack hands out: configured ones as given, the rest free and never handed out twice."""
+
+    def __init__(self, host: str) -> None:
+        self._host = host
+        self._given: set[int] = set()
+
+    def take(self, configured: int = 0) -> int:
+        port = configured or free_port(self._host, avoid=self._given)
+        self._given.add(port)
+        return port
 
 
 def worker_probe(redis_url: str, keys: Keys, engine: str, started: float) -> HealthProbe:
@@ -137,16 +150,17 @@ def running_stack(settings: LauncherSettings, pool: PoolSpec | None = None) -> I
         artifacts = ensure_artifacts(
             pool, state / "artifacts", settings.bootstrap_workflows, settings.seed, settings.embedded_corpus
         )
+        picker = _Ports(host)
         ports = {
-            "router": _port(host, settings.router_port),
-            "predictor": _port(host, settings.predictor_port),
-            "dispatcher": _port(host, settings.dispatcher_port),
-            "http": _port(host, settings.http_port),
+            "router": picker.take(settings.router_port),
+            "predictor": picker.take(settings.predictor_port),
+            "dispatcher": picker.take(settings.dispatcher_port),
+            "http": picker.take(settings.http_port),
         }
         addr = {k: f"{host}:{v}" for k, v in ports.items()}
         # Always free ports: several workers share this host, so no fixed default could serve them all.
         names = ["router", "predictor", "dispatcher", *(f"worker-{e.id}" for e in pool.engines)]
-        metrics = {name: f"{host}:{free_port(host)}" for name in names}
+        metrics = {name: f"{host}:{picker.take()}" for name in names}
 
         def metrics_port(name: str) -> str:
             return metrics[name].rsplit(":", 1)[1]
