@@ -333,6 +333,19 @@ def _live_summary(rows: list[dict[str, Any]], jobs: list[ReplayJob], time_scale:
     }
 
 
+def flipped_pairs(policies: dict[str, Any], metric: str) -> list[tuple[str, str, float]]:
+    """Policy pairs whose order on ``metric`` differs between live and sim, with |sim difference|."""
+    names = list(policies)
+    out = []
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            live = policies[a]["live"][metric] - policies[b]["live"][metric]
+            sim = policies[a]["sim"][metric] - policies[b]["sim"][metric]
+            if live * sim < 0 or (sim == 0) != (live == 0):
+                out.append((a, b, abs(sim)))
+    return out
+
+
 def table(data: dict[str, Any]) -> str:
     seeds = ", ".join(str(s) for s in data["seeds"])
     lines = [
@@ -379,6 +392,12 @@ def table(data: dict[str, Any]) -> str:
             f"\nOrder by {metric} (ascending, means over seeds): live {o['live']}, sim {o['sim']}: "
             f"agree = {o['agree']} (per seed: {per} of {len(o['seeds_agree'])} agree)."
         )
+        flips = flipped_pairs(data["policies"], metric)
+        lines.append(
+            "Pairs the two harnesses order differently (on the means), with the simulator's gap: "
+            + (", ".join(f"{a} / {b} ({gap:.3g})" for a, b, gap in flips) or "none")
+            + "."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -390,10 +409,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[7])
     parser.add_argument("--dataset", default="math")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--report-only", type=Path, help="rewrite the tables from this replay.json")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="chimera-replay-") as tmp:
-        data = replay(args.n, args.rps, args.time_scale, args.seeds, args.dataset, Path(tmp))
-    data["command"] = "python -m bench.replay " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.report_only:
+        data = json.loads(args.report_only.read_text())
+    else:
+        with tempfile.TemporaryDirectory(prefix="chimera-replay-") as tmp:
+            data = replay(args.n, args.rps, args.time_scale, args.seeds, args.dataset, Path(tmp))
+        data["command"] = "python -m bench.replay " + " ".join(argv if argv is not None else sys.argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "replay.json").write_text(json.dumps(data, indent=1) + "\n")
     (args.out / "replay.md").write_text(table(data) + f"\nCommand: `{data['command']}`\n")
