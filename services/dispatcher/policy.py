@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from services.common.types import EngineSnapshot
 from services.dispatcher.baselines import fcfs_priority, mlfq_priority, plus_select, vllm_select
@@ -200,7 +200,7 @@ class Policy:
     name: str
     select: SelectFn
     priority: PriorityFn
-    priority_input: str = "predicted"
+    priority_input: Literal["predicted", "attained"] = "predicted"
 
 
 # Read-only on purpose: policies are chosen by name in config, never patched at run time.
