@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.report import hypervolume, points
+from bench.report import fig3_check, rule_hypervolumes
 from bench.run import MODES, sweep
 
 FIG3_VARIANTS = ("vllm", "ltr", "stjf-learned")  # FCFS, SJF, STJF
@@ -33,11 +33,9 @@ def improved_cells(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             for rps in by_rps:
                 paper, plus = [], []
                 for r in runs:
-                    cell = r["frontier"][d][pool][rps]
-                    a, b = points(cell["chimera"]), points(cell["chimera-plus"])
-                    ref = (max(p[0] for p in a + b) * 1.05, min(p[1] for p in a + b) - 0.01)
-                    paper.append(hypervolume(a, ref))
-                    plus.append(hypervolume(b, ref))
+                    ha, hb = rule_hypervolumes(r["frontier"][d][pool][rps])
+                    paper.append(ha)
+                    plus.append(hb)
                 cells.append({"dataset": d, "pool": pool, "rps": rps, "hv_paper": paper, "hv_plus": plus})
     return cells
 
@@ -87,11 +85,9 @@ def fig3_md(cells: Sequence[Mapping[str, Any]]) -> tuple[str, list[str]]:
         q = c["queue_s"]
         f, s, t = (_mean(q[v]) for v in FIG3_VARIANTS)
         per = sum(tt < ss < ff for ff, ss, tt in zip(*(q[v] for v in FIG3_VARIANTS), strict=True))
-        check = "n/a (FCFS < 1 s)"
-        if f >= 1.0:
-            check = "yes" if t < s < f else "NO"
-            if check == "NO":
-                failures.append(f"{c['dataset']} {c['model']} load {c['load']}")
+        check = fig3_check(f, s, t)
+        if check == "NO":
+            failures.append(f"{c['dataset']} {c['model']} load {c['load']}")
         lines.append(
             f"| {c['dataset']} | {c['model']} | {c['load']} | {f:.2f} | {s:.2f} | {t:.2f} | "
             f"{100 * (s / f - 1) if f else 0:+.0f}% | {100 * (t / s - 1) if s else 0:+.0f}% | {check} | "
