@@ -13,7 +13,7 @@ The replica runs ``bench.sim`` on the same jobs with the router and predictor th
 (loaded from its artifact folder), so both harnesses make their decisions with the same learned models.
 Latencies are reported in profile time (real seconds * ``time_scale``). The default ``time_scale`` is 1: at
 2 the five services, two simulated engines and the client could not keep the profiled clock on a 2-core
-machine, and the live latencies drifted 20-40% above the replica's (an earlier run, README). Each seed
+machine, and the live latencies drifted 17-44% above the replica's (an earlier run, README). Each seed
 draws its own jobs and arrivals; the learned models are bootstrapped once (``BOOTSTRAP_SEED``).
 
 The dispatch overhead (Table 1) is real time from each stage's ``dispatch_timings`` (router, predictor, and
