@@ -25,8 +25,8 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from services.common.queue import QueueStore
-from services.common.types import ClaimedRequest, StageResult, TraceRow
-from services.worker import registration
+from services.common.types import ClaimedRequest
+from services.worker import records, registration
 from services.worker.engine.base import Engine, EngineDeadError, EngineOutput, EngineRequestError
 from services.worker.metrics import WorkerMetrics
 from services.worker.profiling import profile_engine, store_profile
@@ -319,47 +319,12 @@ class Worker:
             )
 
     async def _complete(self, job: _Job, final: EngineOutput, text: str, run_s: float) -> None:
-        c, o = job.claimed, self._o
-        req = c.request
-        reason = final.finish_reason or "stop"
-        result = StageResult(text, reason, final.prompt_tokens, final.completion_tokens)
-        queue_wait_s = max(0.0, c.claimed_unix - c.enqueued_unix)
-        # A cancelled stage's token count is truncated: as a training row it would teach the predictor
-        # lengths that never happen, so it is not recorded.
-        trace = None
-        if reason != "cancelled":
-            trace = TraceRow(
-                request_id=req.request_id,
-                program_id=req.program_id,
-                workflow=req.workflow,
-                stage=req.stage,
-                engine=o.engine_id,
-                model=self._engine.model,
-                system_text=req.system_text(),
-                user_text=req.user_text(),
-                prompt_text=req.prompt_text(),
-                prompt_tokens=final.prompt_tokens,
-                completion_tokens=final.completion_tokens,
-                predicted=c.predicted,
-                predicted_p90=c.predicted_p90,
-                queue_wait_s=queue_wait_s,
-                run_s=run_s,
-                finish_reason=reason,
-                attempt=c.attempt,
-                enqueued_unix=c.enqueued_unix,
-            )
-        extra = {
-            "model": self._engine.model,
-            "engine": o.engine_id,
-            "queue_wait_s": round(queue_wait_s, 6),
-            "run_s": round(run_s, 6),
-            "predicted": c.predicted,
-            "predicted_p90": c.predicted_p90,
-            "attempt": c.attempt,
-        }
-        if await self._q.complete(c, result, trace, extra):
+        c, engine_id, model = job.claimed, self._o.engine_id, self._engine.model
+        result = records.stage_result(final, text)
+        trace = records.trace_row(c, final, engine_id, model, run_s)
+        if await self._q.complete(c, result, trace, records.final_extra(c, engine_id, model, run_s)):
             self.completed_total += 1
-            self._m.completed(reason, run_s, final.completion_tokens)
+            self._m.completed(result.finish_reason, run_s, final.completion_tokens)
         else:
             log.info("request %s: lease lost before completion, result dropped", job.key)
             self._m.ended("lost")
