@@ -30,6 +30,15 @@ def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert engine.profile() == profile and engine.max_num_seqs == 8 and engine.time_scale == 25
 
 
+@pytest.mark.parametrize(("value", "expected"), [("none", None), ("2.5", 2.5)])
+def test_kv_cache_size_can_be_handed_back_to_vllm_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, value: str, expected: float | None
+) -> None:
+    # On a GPU the CPU-sized 1 GiB default would starve the batch; "none" lets vLLM size the cache.
+    monkeypatch.setenv("CHIMERA_WORKER_KV_CACHE_GIB", value)
+    assert WorkerSettings().kv_cache_gib == expected
+
+
 def test_default_simulated_engine_uses_the_measured_style_profile() -> None:
     engine = build_engine(WorkerSettings(max_num_seqs=4))
     p = engine.profile()

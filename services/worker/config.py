@@ -16,7 +16,11 @@ from services.worker.worker import WorkerOptions
 
 
 class WorkerSettings(CommonSettings):
-    model_config = SettingsConfigDict(env_prefix="CHIMERA_WORKER_", extra="ignore", frozen=True)
+    # "none" in the environment is None: the only way to hand an optional setting (the KV cache size) back
+    # to the engine's own sizing.
+    model_config = SettingsConfigDict(
+        env_prefix="CHIMERA_WORKER_", extra="ignore", frozen=True, env_parse_none_str="none"
+    )
 
     engine_id: str = Field(
         default="e0", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="engine id; also its Redis hash tag"
@@ -78,7 +82,7 @@ class WorkerSettings(CommonSettings):
         default="bfloat16", description="vllm: weight and activation dtype"
     )
     kv_cache_gib: float | None = Field(
-        default=1.0, gt=0, description="vllm: KV cache GiB on CPU; unset sizes it by GPU memory"
+        default=1.0, gt=0, description="vllm: KV cache GiB; none lets vLLM size it by gpu_memory_utilization (GPU)"
     )
     enforce_eager: bool | None = Field(
         default=None, description="vllm: unset = eager on CPU, CUDA graphs on GPU"
