@@ -82,7 +82,7 @@ class WorkerSettings(CommonSettings):
         default="bfloat16", description="vllm: weight and activation dtype"
     )
     kv_cache_gib: float | None = Field(
-        default=1.0, gt=0, description="vllm: KV cache GiB; none lets vLLM size it by gpu_memory_utilization (GPU)"
+        default=1.0, gt=0, description="vllm: KV cache GiB; none: vLLM sizes it (gpu_memory_utilization)"
     )
     enforce_eager: bool | None = Field(
         default=None, description="vllm: unset = eager on CPU, CUDA graphs on GPU"
