@@ -11,6 +11,8 @@ from services.dispatcher.baselines import (
     fcfs_priority,
     mlfq_level,
     mlfq_priority,
+    occupancy,
+    plus_margin,
     plus_select,
     vllm_score,
     vllm_select,
@@ -141,7 +143,17 @@ def test_completion_counts_batch_speed_prefill_and_queue() -> None:
             3.0,
             "s",
         ),
-        ("idle, gain below delta_s times the cost ratio", [_eng("f", FAST), _eng("s", SLOW)], 0.25, 3.0, "f"),
+        # An idle strong engine is priced at the flat delta_s: a gain of 0.15 buys it.
+        ("idle, gain above the flat margin", [_eng("f", FAST), _eng("s", SLOW)], 0.25, 3.0, "s"),
+        # Three quarters full, the same gain is below delta_s * (1 + (ratio - 1) * 0.75), about 0.2.
+        (
+            "busy, gain below the occupancy-priced margin",
+            [_eng("f", FAST), _eng("s", SLOW, 0, 48)],
+            0.25,
+            8.0,
+            "f",
+        ),
+        ("busy, gain above it", [_eng("f", FAST), _eng("s", SLOW, 0, 48)], 0.4, 8.0, "s"),
         (
             "fast engine crowded: the slow one is now cheap",
             [_eng("f", FAST, 50, 256), _eng("s", SLOW)],
@@ -154,6 +166,15 @@ def test_completion_counts_batch_speed_prefill_and_queue() -> None:
 def test_plus_select(name: str, engines: list[EngineSnapshot], q: float, tau: float, expected: str) -> None:
     sel = plus_select(engines, {"f": 0.1, "s": q}, tau, 0.05)
     assert sel.engine_id == expected, name
+
+
+def test_plus_margin_rises_with_occupancy_from_flat_to_cost_scaled() -> None:
+    idle, half, full = _eng("s", SLOW), _eng("s", SLOW, 0, 32), _eng("s", SLOW, 40, 64)
+    assert occupancy(idle) == 0.0 and occupancy(half) == 0.5 and occupancy(full) == 1.0
+    assert plus_margin(idle, 4.0, 0.05) == pytest.approx(0.05)
+    assert plus_margin(half, 4.0, 0.05) == pytest.approx(0.125)
+    assert plus_margin(full, 4.0, 0.05) == pytest.approx(0.2)
+    assert plus_margin(full, 0.5, 0.05) == pytest.approx(0.05)  # never below the paper's flat margin
 
 
 def test_paper_rule_idle_corner_that_plus_fixes() -> None:

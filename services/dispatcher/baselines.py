@@ -22,8 +22,8 @@ function; the registry cannot change what the caller feeds it, so each entry sta
   FCFS within a level, and promotion by waiting time through the same linear aging as Chimera's queue. Queues
   are non-preemptive (a stage, once running, finishes), as every policy here: the engine's batch is not
   re-ordered.
-- ``chimera-plus``: the improved rule (``plus_select``: completion-time cost, cost-scaled margin), with
-  Chimera's priority.
+- ``chimera-plus``: the improved rule (``plus_select``: completion-time cost, a margin priced by the
+  candidate's occupancy), with Chimera's priority.
 
 The registry entries live in ``policy.POLICIES``.
 """
@@ -151,14 +151,30 @@ def completion_ms(
     return own + e.inflight_tokens * queued_share * per_token
 
 
+def occupancy(e: EngineSnapshot) -> float:
+    """Share of the engine's batch taken (queued work counts: it takes the next free slots), capped at 1."""
+    return min(1.0, (max(0, e.queued) + max(0, e.running)) / max(1, e.profile.max_batch_size))
+
+
+def plus_margin(e: EngineSnapshot, cost_ratio: float, delta_s: float) -> float:
+    """Confidence a candidate ``cost_ratio`` times slower than the fastest must add: ``delta_s`` on an idle
+    engine, rising with its occupancy to ``delta_s * cost_ratio`` on a full one.
+
+    Why: the margin is the price of the strong engine's capacity. The paper's flat ``delta_s`` spends that
+    capacity on whichever workflows arrive while it has slack, and once the engine is full the workflows
+    the router expects to gain most find it taken; pricing a full engine by its cost ratio keeps it for
+    them. An idle engine's capacity is not scarce, though: a fixed ``delta_s * cost_ratio`` left it idle on a
+    light pool, where a strong model is free to use (chimera-plus tied the paper rule there).
+    """
+    return delta_s * (1.0 + (max(1.0, cost_ratio) - 1.0) * occupancy(e))
+
+
 def plus_select(
     engines: Sequence[EngineSnapshot], confidence: Mapping[str, float], tau: float, delta_s: float
 ) -> Selection:
     """Algorithm 1's scan (descending q; first within the slack and above the margin) on ``completion_ms``
-    instead of L[m], with a margin that grows with the candidate's relative cost: a model k times slower
-    than the fastest must beat its confidence by ``delta_s * k``. The paper's flat margin spends the strong
-    model's capacity on whichever workflows arrive while it has slack; the scaled one keeps it for the
-    workflows the router expects to gain most. ``load_ms`` in the record is the completion estimate."""
+    instead of L[m], with a margin priced by the candidate's scarcity (``plus_margin``). ``load_ms`` in the
+    record is the completion estimate."""
     from services.dispatcher.policy import _EPS, CandidateCheck, Selection
 
     if tau < 0 or delta_s < 0:
@@ -177,7 +193,7 @@ def plus_select(
             q=q[e.engine_id],
             load_ms=cost[e.engine_id],
             slack_ok=cost[e.engine_id] <= bound + _EPS,
-            margin_ok=q[e.engine_id] >= q_fast + delta_s * cost[e.engine_id] / c_fast - _EPS,
+            margin_ok=q[e.engine_id] >= q_fast + plus_margin(e, cost[e.engine_id] / c_fast, delta_s) - _EPS,
         )
         for e in order
     )
