@@ -129,8 +129,10 @@ def capacity_rps(prep: Prepared, model: str, spec: EngineSpec) -> float:
     prompt prefilled and its output decoded at full-batch throughput. Figure 3 loads each model at fractions
     of this, because a fixed RPS puts the models in different regimes: RPS 4 is several times what one 14B
     sustains (its queue grows for the whole run and every order drains the same backlog), while the 1.5B
-    never queues at RPS 12. The estimate is rough: in a first run at loads 0.8-1.0 only the 14B queued (the
-    1.5B-7B engines' queues stayed at 0 s up to load 1.0; not investigated), so the loads reach 1.25."""
+    never queues at RPS 12. The estimate is low for the 1.5B-7B (they queue from load 1.1-1.25, so the loads
+    reach 1.25): the engine runs more sequences than ``max_batch_size`` (5% more throughput on the 7B), and
+    the top 1% of workflows, runaway outputs that decode in one slot past the end of the arrivals, hold 5%
+    of the 7B's tokens and 16-40% of the 1.5B's (bench/README.md, Figure 3)."""
     p = spec.profile
     batch = max(1, min(p.max_batch_size, spec.max_num_seqs))
     per_token = p.step_time_ms(batch) / batch
