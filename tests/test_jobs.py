@@ -27,8 +27,10 @@ import pytest
 import redis
 from celery import Celery
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
 
 from services.common import artifacts
+from services.common.jobruns import JobRunsCollector, read_runs, recorded
 from services.common.keys import Keys
 from services.common.redis_proc import PrivateRedis
 from services.common.types import EngineProfile, OutcomeRow, TraceRow
@@ -140,6 +142,40 @@ def test_eager_export_writes_each_row_once(
     assert app.tasks[EXPORT_TRACES].delay().get(timeout=10)["rows"] == 1
     assert len(lines(d / "traces-e0.jsonl")) == 8
     assert sync_redis.get(lock_key(keys)) is None  # the lease is released
+    runs = read_runs(sync_redis, keys)["export_traces"]
+    assert (runs.ok, runs.failed) == (3, 0) and runs.last_ok_unix > 0 and runs.last_failed_unix == 0
+
+
+@pytest.mark.redis
+def test_job_runs_count_failures_and_reach_the_dispatchers_metrics(
+    keys: Keys, sync_redis: redis.Redis
+) -> None:
+    def client() -> redis.Redis:
+        return redis.Redis(connection_pool=sync_redis.connection_pool)
+
+    with recorded(client, keys, "retrain_router"):
+        pass
+    with pytest.raises(RuntimeError), recorded(client, keys, "retrain_router"):
+        raise RuntimeError("training diverged")
+    runs = read_runs(sync_redis, keys)["retrain_router"]
+    assert (runs.ok, runs.failed) == (1, 1) and runs.last_failed_unix >= runs.last_ok_unix > 0
+
+    registry = CollectorRegistry()
+    registry.register(JobRunsCollector(sync_redis, keys))
+    labels = {"task": "retrain_router"}
+    assert registry.get_sample_value("chimera_job_runs_total", {**labels, "result": "failed"}) == 1
+    assert (
+        registry.get_sample_value("chimera_job_last_success_timestamp_seconds", labels) == runs.last_ok_unix
+    )
+
+
+def test_a_job_whose_record_cannot_be_written_still_returns_its_result(keys: Keys) -> None:
+    def unreachable() -> redis.Redis:
+        return redis.Redis(port=1, socket_connect_timeout=0.2)  # nothing listens on port 1
+
+    with recorded(unreachable, keys, "export_traces"):
+        result = 42
+    assert result == 42
 
 
 @pytest.mark.redis
@@ -294,6 +330,8 @@ def test_real_worker_exports_each_row_once(
         with redis.Redis(unix_socket_path=str(private_redis.socket), db=1) as celery_db:
             assert celery_db.keys(f"{keys.prefix}-celery:*")
             assert not celery_db.keys(f"{keys.prefix}:*")
+        # The prefork child recorded all four runs where the dispatcher's /metrics reads them.
+        assert read_runs(r, keys)["export_traces"].ok == 4
     rows = [TraceRow.from_json(x) for x in lines(Path(env["CHIMERA_JOBS_TRACES_DIR"]) / "traces-e0.jsonl")]
     assert rows == [trace(i) for i in range(11)]
     assert healthcheck.check_celery(timeout_s=5.0)

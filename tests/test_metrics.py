@@ -25,6 +25,7 @@ from chimera.dispatcher.v1 import dispatcher_pb2 as pb
 from chimera.dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
 from services.common.artifacts import ArtifactMeta
 from services.common.batching import BatchStat
+from services.common.jobruns import JobRunsCollector
 from services.common.keys import Keys
 from services.common.metrics import ModelServiceMetrics, confidence_bucket, start_exporter
 from services.common.types import ChatMessage, Prediction, SamplingParams, StageRequest
@@ -443,6 +444,7 @@ def _exposed_names() -> set[str]:
     DispatcherMetrics(reg)
     WorkerMetrics(reg, "e0", "m")
     reg.register(EngineCollector(fakeredis.FakeRedis(decode_responses=True), Keys("x"), 15.0))
+    reg.register(JobRunsCollector(fakeredis.FakeRedis(decode_responses=True), Keys("x")))
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     return {fam.name + s for fam in reg.collect() for s in suffixes.get(fam.type, ("",))}
 

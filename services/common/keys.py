@@ -16,6 +16,7 @@ is harmless (the retried stage reuses it; the TTL collects it).
     HGETALL 'chimera:{e0}:req:<request id>'       # one request: payload, state, attempt, decision
     XRANGE 'chimera:{e0}:out:<request id>' - +    # its output events
     HGETALL 'chimera:prog:<program id>'           # program table entry
+    HGETALL 'chimera:{jobs}:runs'                 # background jobs: runs, failures, last success
 """
 
 from __future__ import annotations
@@ -127,6 +128,13 @@ class Keys:
     def export_lock(self) -> str:
         """STRING lease token of the running export; PX = the lease."""
         return f"{self.prefix}:{{jobs}}:export:lock"
+
+    def job_runs(self) -> str:
+        """HASH ``<task>:<field>`` -> value: each background job's run counts and last times (``jobruns``).
+
+        Written by the jobs as each run ends; read by the dispatcher's ``/metrics`` at scrape time.
+        """
+        return f"{self.prefix}:{{jobs}}:runs"
 
     def retrain_lock(self, kind: str) -> str:
         """STRING lease token of the running retrain of ``kind`` (router | predictor)."""

@@ -1,5 +1,6 @@
 """The front door's Prometheus metrics: request outcomes, dispatch and dependency latency, queue wait and
-age at dispatch, predicted vs realized tokens, router calibration, and per-engine queue gauges.
+age at dispatch, predicted vs realized tokens, router calibration, per-engine queue gauges, and the
+background jobs' runs (``jobruns``, read from Redis per scrape).
 
 NOTE(accounting): every request that ``dispatch`` accepts is counted once as dispatched and, when its
 output stream ends, once as completed, failed or cancelled (``stream_output`` reports the end through the
@@ -31,6 +32,7 @@ from prometheus_client.registry import Collector
 from redis import Redis as SyncRedis
 from redis.exceptions import RedisError
 
+from services.common.jobruns import JobRunsCollector
 from services.common.keys import Keys
 from services.common.metrics import (
     CONFIDENCE_BUCKETS,
@@ -346,6 +348,7 @@ def metrics_endpoint(s: DispatcherSettings) -> Iterator[DispatcherMetrics]:
     """A process's registry with the engine gauges, served on ``host:metrics_port`` while the block runs."""
     registry, scrape_redis = CollectorRegistry(), SyncRedis.from_url(s.redis_url, decode_responses=True)
     registry.register(EngineCollector(scrape_redis, Keys(s.key_prefix), s.engine_dead_after_s))
+    registry.register(JobRunsCollector(scrape_redis, Keys(s.key_prefix)))
     exporter = start_exporter(registry, s.host, s.metrics_port)
     try:
         yield DispatcherMetrics(registry)

@@ -16,6 +16,7 @@ from typing import Any
 import redis
 from celery import Celery
 
+from services.common.jobruns import recorded
 from services.common.keys import Keys
 from services.jobs import retrain
 from services.jobs.config import JobsSettings
@@ -59,7 +60,8 @@ def register(app: Celery, settings: JobsSettings) -> None:
     # so a second app (another test, other settings) would silently run the first app's closure.
     @app.task(name=EXPORT_TRACES, acks_late=True, shared=False)  # type: ignore[untyped-decorator]
     def export_traces_task() -> dict[str, Any]:
-        return export()
+        with recorded(client, keys, "export_traces"):
+            return export()
 
     @app.task(name=RETRAIN_ROUTER, acks_late=True, shared=False)  # type: ignore[untyped-decorator]
     def retrain_router_task(backend: str | None = None) -> dict[str, Any]:
@@ -68,16 +70,18 @@ def register(app: Celery, settings: JobsSettings) -> None:
         # The router serves <root>/router (its own variable, so both agree); training publishes under
         # <root>/<kind>, so the root is its parent.
         root = RouterSettings().artifact_dir.parent
-        return retrain_with("router", retrain.retrain_router, root, backend or settings.router_backend)
+        with recorded(client, keys, "retrain_router"):
+            return retrain_with("router", retrain.retrain_router, root, backend or settings.router_backend)
 
     @app.task(name=RETRAIN_PREDICTOR, acks_late=True, shared=False)  # type: ignore[untyped-decorator]
     def retrain_predictor_task(backend: str | None = None) -> dict[str, Any]:
         from services.predictor.config import PredictorSettings
 
         root = PredictorSettings().artifact_dir.parent
-        return retrain_with(
-            "predictor", retrain.retrain_predictor, root, backend or settings.predictor_backend
-        )
+        with recorded(client, keys, "retrain_predictor"):
+            return retrain_with(
+                "predictor", retrain.retrain_predictor, root, backend or settings.predictor_backend
+            )
 
     @app.task(name=PROFILE_ENGINE, shared=False)  # type: ignore[untyped-decorator]
     def profile_engine_task(
@@ -88,11 +92,12 @@ def register(app: Celery, settings: JobsSettings) -> None:
         A vLLM engine loads onto this process's accelerator: send the job to a queue that a jobs worker
         consumes on the engine's GPU while that engine's worker is stopped.
         """
-        profile = asyncio.run(
-            profile_and_store(
-                worker, settings.redis_url, keys, settings.profiles_dir, tokens, rounds, batch_sizes
+        with recorded(client, keys, "profile_engine"):
+            profile = asyncio.run(
+                profile_and_store(
+                    worker, settings.redis_url, keys, settings.profiles_dir, tokens, rounds, batch_sizes
+                )
             )
-        )
         return asdict(profile)
 
 
