@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from chimera.dispatcher.v1 import dispatcher_pb2 as pb
-from services.common.types import ChatMessage, SamplingParams, StageRequest
+from services.common.types import ChatMessage, EngineProfile, SamplingParams, StageRequest
 from services.dispatcher.clients import UpstreamError, prediction_from_quantiles
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.errors import InvalidRequest, RequestTooLarge
@@ -112,6 +112,16 @@ def test_parse_engine_reads_load_and_profile() -> None:
         10.0,
         4,
     )
+
+
+def test_parse_engine_carries_the_registered_step_curve_and_prefill_cost() -> None:
+    full = EngineProfile(10.0, 4, 0.2, ((1, 10.0), (4, 16.0)))
+    snap = parse_engine("e", {**BASE, "profile": full.to_json()}, 0, 0, 100.0, 15.0)
+    assert snap.profile == full and snap.profile.step_time_ms(4) == 16.0
+    # Without one, or unreadable, the engine still serves on its flat cost.
+    for info in (BASE, {**BASE, "profile": "{not json"}):
+        snap = parse_engine("e", info, 0, 0, 100.0, 15.0)
+        assert snap.alive and snap.profile == EngineProfile(10.0, 4)
 
 
 @pytest.mark.parametrize(

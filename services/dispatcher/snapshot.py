@@ -39,9 +39,12 @@ def parse_engine(
         decode_ms, batch, heartbeat_ms, load = float("nan"), 0, 0.0, 0
     usable = bool(model) and decode_ms == decode_ms and decode_ms > 0 and batch > 0
     alive = usable and (now_unix - heartbeat_ms / 1000.0) <= dead_after_s
+    curve, prefill = _curve(engine_id, info.get("profile")) if usable else ((), 0.0)
     profile = EngineProfile(
         decode_ms_per_token=decode_ms if usable else 0.0,
         max_batch_size=batch if usable else 1,
+        prefill_ms_per_token=prefill,
+        step_ms=curve,
     )
     return EngineSnapshot(
         engine_id=engine_id,
@@ -52,6 +55,23 @@ def parse_engine(
         running=running,
         alive=alive,
     )
+
+
+def _curve(engine_id: str, raw: str | None) -> tuple[tuple[tuple[int, float], ...], float]:
+    """The step-time curve and prefill cost of the full profile the worker registered (field ``profile``).
+
+    The paper's L[m] needs only the two flat fields, but a policy that prices batch size and prefill
+    (chimera-plus) needs the curve: without it every engine would look as fast at 200 sequences as at one.
+    An engine registered without one (an older worker) keeps the flat profile.
+    """
+    if not raw:
+        return (), 0.0
+    try:
+        full = EngineProfile.from_json(raw)
+    except (ValueError, TypeError, KeyError):
+        log.warning("engine %s has an unreadable profile; using its flat decode cost", engine_id)
+        return (), 0.0
+    return full.step_ms, full.prefill_ms_per_token
 
 
 async def read_engines(
