@@ -57,7 +57,7 @@ bench: proto  ## paper-scale simulator sweep, all policies (bench/results/, ~8 m
 bench-quick: proto  ## small sweep for a smoke check (bench/results/quick/)
 	$(PY) -m bench.run --quick
 
-bench-replay: proto  ## live replay through the real services vs the simulator, Table 1 (bench/results/replay.md, ~25 min)
+bench-replay: proto  ## live replay through the real services vs the simulator, Table 1 (bench/results/replay.md, ~30 min)
 	$(PY) -m bench.replay --n 100 --seeds 7 8 9
 
 bench-seeds: proto  ## the full sweep over three seeds: spread of its single-seed claims (bench/results/seeds.md)
