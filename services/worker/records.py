@@ -19,12 +19,11 @@ def queue_wait_s(c: ClaimedRequest) -> float:
 
 
 def trace_row(
-    c: ClaimedRequest, final: EngineOutput, engine_id: str, model: str, run_s: float
+    c: ClaimedRequest, result: StageResult, engine_id: str, model: str, run_s: float
 ) -> TraceRow | None:
     """The predictor's training row, or None for a cancelled stage: its token count is truncated, and as a
     training row it would teach the predictor lengths that never happen."""
-    reason = final.finish_reason or "stop"
-    if reason == "cancelled":
+    if result.finish_reason == "cancelled":
         return None
     req = c.request
     return TraceRow(
@@ -37,13 +36,13 @@ def trace_row(
         system_text=req.system_text(),
         user_text=req.user_text(),
         prompt_text=req.prompt_text(),
-        prompt_tokens=final.prompt_tokens,
-        completion_tokens=final.completion_tokens,
+        prompt_tokens=result.prompt_tokens,
+        completion_tokens=result.completion_tokens,
         predicted=c.predicted,
         predicted_p90=c.predicted_p90,
         queue_wait_s=queue_wait_s(c),
         run_s=run_s,
-        finish_reason=reason,
+        finish_reason=result.finish_reason,
         attempt=c.attempt,
         enqueued_unix=c.enqueued_unix,
     )

@@ -321,10 +321,10 @@ class Worker:
     async def _complete(self, job: _Job, final: EngineOutput, text: str, run_s: float) -> None:
         c, engine_id, model = job.claimed, self._o.engine_id, self._engine.model
         result = records.stage_result(final, text)
-        trace = records.trace_row(c, final, engine_id, model, run_s)
+        trace = records.trace_row(c, result, engine_id, model, run_s)
         if await self._q.complete(c, result, trace, records.final_extra(c, engine_id, model, run_s)):
             self.completed_total += 1
-            self._m.completed(result.finish_reason, run_s, final.completion_tokens)
+            self._m.completed(result.finish_reason, run_s, result.completion_tokens)
         else:
             log.info("request %s: lease lost before completion, result dropped", job.key)
             self._m.ended("lost")
