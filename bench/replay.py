@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
-import os
 import random
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,9 +39,21 @@ from typing import Any
 import grpc
 
 from bench.engines import derive_all, measure_shapes
+from bench.replay_report import (
+    ORDER_METRICS,
+    LiveSummary,
+    OrderAgreement,
+    PolicyResult,
+    ReplayResult,
+    SimSummary,
+    mean,
+    orders,
+    table,
+)
 from bench.sim import EngineSpec, SimConfig, simulate, summarize
 from bench.workload import Job, Run, Stage, _confidences, _median
 from services.common import artifacts
+from services.common.types import TraceRow
 from services.launcher.config import LauncherSettings
 from services.launcher.pool import EngineSpec as PoolEngine
 from services.launcher.pool import PoolSpec
@@ -100,10 +111,6 @@ def build_jobs(n: int, seed: int, dataset: str) -> list[ReplayJob]:
 
 def with_live_models(jobs: list[ReplayJob], artifact_root: Path) -> list[Job]:
     """The replica's jobs, with the predictions of the router and predictor the live stack serves."""
-    import dataclasses
-
-    from services.common.types import TraceRow
-
     _, router = artifacts.load(artifact_root / "router")
     _, predictor = artifacts.load(artifact_root / "predictor")
     name = {k: resolve_model(k).name for k in POOL}
@@ -115,22 +122,23 @@ def with_live_models(jobs: list[ReplayJob], artifact_root: Path) -> list[Job]:
             for m in POOL:
                 rows.append(
                     TraceRow(
-                        f"{rj.job.index}-{k}-{m}",
-                        str(rj.job.index),
-                        rj.workflow.name,
-                        k,
-                        m,
-                        name[m],
-                        msgs[0].content,
-                        msgs[1].content,
-                        "\n".join(x.content for x in msgs),
-                        0,
-                        rj.lengths[k],
-                        0,
-                        0,
-                        0.0,
-                        0.0,
-                        "length",
+                        request_id=f"{rj.job.index}-{k}-{m}",
+                        program_id=str(rj.job.index),
+                        workflow=rj.workflow.name,
+                        stage=k,
+                        engine=m,
+                        model=name[m],
+                        system_text=msgs[0].content,
+                        user_text=msgs[1].content,
+                        prompt_text="\n".join(x.content for x in msgs),
+                        # Only the model, workflow, stage and texts reach the predictor (PredictorInput).
+                        prompt_tokens=0,
+                        completion_tokens=rj.lengths[k],
+                        predicted=0,
+                        predicted_p90=0,
+                        queue_wait_s=0.0,
+                        run_s=0.0,
+                        finish_reason="length",
                     )
                 )
             history.append("x " * rj.lengths[k])
@@ -152,18 +160,17 @@ def with_live_models(jobs: list[ReplayJob], artifact_root: Path) -> list[Job]:
     return out
 
 
-@contextmanager
-def _env(values: dict[str, str]) -> Iterator[None]:
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """One workflow through the live stack: real E2E seconds, and its stages' dispatch timings summed."""
+
+    e2e_s: float
+    model: str  # the model key (``POOL``) that served its last stage
+    dispatch_ms: float
+    router_ms: float
+    predictor_ms: float
+    policy_ms: float
+    redis_ms: float
 
 
 async def _stage(stub: Any, pb: Any, rj: ReplayJob, pid: str, k: int, history: Sequence[str]) -> Any:
@@ -184,27 +191,35 @@ async def _stage(stub: Any, pb: Any, rj: ReplayJob, pid: str, k: int, history: S
     return final
 
 
-async def _job(stub: Any, pb: Any, rj: ReplayJob, tag: str) -> dict[str, Any]:
+async def _job(stub: Any, pb: Any, rj: ReplayJob, tag: str) -> JobResult:
     pid = f"replay-{tag}-{rj.job.index}"
     t0 = time.monotonic()
     history: list[str] = []
-    spent = dict.fromkeys(("dispatch", "router", "predictor", "policy", "redis"), 0.0)
+    dispatch = router = predictor = policy = redis = 0.0
     model = ""
     for k in range(rj.workflow.n_stages):
         final = await _stage(stub, pb, rj, pid, k, history)
         history.append(final.text)
         t = final.dispatch_timings
-        spent["dispatch"] += final.dispatch_ms
-        spent["router"] += t.router_ms
-        spent["predictor"] += t.predictor_ms
-        spent["policy"] += t.policy_ms
-        spent["redis"] += t.redis_ms
+        dispatch += final.dispatch_ms
+        router += t.router_ms
+        predictor += t.predictor_ms
+        policy += t.policy_ms
+        redis += t.redis_ms
         model = resolve_model(final.model).key
     await stub.EndProgram(pb.EndProgramRequest(program_id=pid))
-    return {"e2e_s": time.monotonic() - t0, "model": model, **{f"{k}_ms": v for k, v in spent.items()}}
+    return JobResult(
+        e2e_s=time.monotonic() - t0,
+        model=model,
+        dispatch_ms=dispatch,
+        router_ms=router,
+        predictor_ms=predictor,
+        policy_ms=policy,
+        redis_ms=redis,
+    )
 
 
-async def _drive(addr: str, jobs: list[ReplayJob], rate: float, seed: int, tag: str) -> list[dict[str, Any]]:
+async def _drive(addr: str, jobs: list[ReplayJob], rate: float, seed: int, tag: str) -> list[JobResult]:
     from chimera.dispatcher.v1 import dispatcher_pb2 as pb
     from chimera.dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
 
@@ -241,7 +256,7 @@ def _pool(derived: dict[str, Any], time_scale: float) -> PoolSpec:
 
 def replay_seed(
     n: int, rps: float, time_scale: float, seed: int, dataset: str, state: Path
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, PolicyResult]:
     """One seed: every policy of ``RANKED`` live (a fresh stack each) and in the simulator replica."""
     derived = derive_all(measure_shapes(POOL))
     specs = {k: EngineSpec(d.profile, d.kv_capacity_tokens, d.max_num_seqs) for k, d in derived.items()}
@@ -251,154 +266,67 @@ def replay_seed(
         state, bootstrap_workflows=1000, seed=BOOTSTRAP_SEED, embedded_corpus=False
     )
     pool = _pool(derived, time_scale)
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, PolicyResult] = {}
     replica: list[Job] | None = None
     for policy, tau in RANKED:
         env = {"CHIMERA_DISPATCHER_POLICY": policy, "CHIMERA_DISPATCHER_TAU": f"{tau:g}"}
-        with _env(env), running_stack(settings, pool) as stack:
+        with running_stack(settings, pool, dispatcher_env=env) as stack:
             rows = asyncio.run(_drive(stack.dispatcher_addr, jobs, rps * time_scale, seed, policy))
             replica = replica or with_live_models(jobs, state / "artifacts")
         sim = summarize(simulate(replica, SimConfig(POOL, rps, policy, tau=tau, seed=seed), specs))
-        out[f"{policy} tau={tau:g}"] = {
-            "live": _live_summary(rows, jobs, time_scale),
-            "sim": {
-                "latency_per_token_ms": sim.latency_per_token_ms,
-                "score": sim.score,
-                "share_7b": sim.share.get("qwen2.5-7b", 0.0),
-            },
-        }
+        out[f"{policy} tau={tau:g}"] = PolicyResult(
+            live=_live_summary(rows, jobs, time_scale),
+            sim=SimSummary(
+                latency_per_token_ms=sim.latency_per_token_ms,
+                score=sim.score,
+                share_7b=sim.share.get("qwen2.5-7b", 0.0),
+            ),
+        )
     return out
-
-
-def _order(by_policy: dict[str, dict[str, Any]], side: str, metric: str) -> list[str]:
-    return sorted(by_policy, key=lambda k: by_policy[k][side][metric])
-
-
-def _mean(runs: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Per policy and side, the mean of every metric over seeds."""
-    return {
-        name: {
-            side: {m: sum(r[name][side][m] for r in runs) / len(runs) for m in runs[0][name][side]}
-            for side in ("live", "sim")
-        }
-        for name in runs[0]
-    }
 
 
 def replay(
-    n: int, rps: float, time_scale: float, seeds: Sequence[int], dataset: str, state: Path
-) -> dict[str, Any]:
+    n: int, rps: float, time_scale: float, seeds: Sequence[int], dataset: str, state: Path, command: str
+) -> ReplayResult:
     per_seed = {seed: replay_seed(n, rps, time_scale, seed, dataset, state) for seed in seeds}
-    mean = _mean(list(per_seed.values()))
-    out: dict[str, Any] = {
-        "n": n,
-        "rps": rps,
-        "time_scale": time_scale,
-        "seeds": list(seeds),
-        "dataset": dataset,
-        "policies": mean,
-        "per_seed": {str(k): v for k, v in per_seed.items()},
-    }
-    for metric in ("latency_per_token_ms", "score"):
-        order = {side: _order(mean, side, metric) for side in ("live", "sim")}
-        seed_agree = [_order(r, "live", metric) == _order(r, "sim", metric) for r in per_seed.values()]
-        out[f"order_by_{metric}"] = {
-            **order,
-            "agree": order["live"] == order["sim"],
-            "seeds_agree": seed_agree,
-        }
-    return out
+    means = mean(list(per_seed.values()))
+    agreements = {}
+    for metric in ORDER_METRICS:
+        live, sim = orders(means, metric)
+        seeds_agree = tuple(a == b for a, b in (orders(r, metric) for r in per_seed.values()))
+        agreements[metric] = OrderAgreement(live=live, sim=sim, agree=live == sim, seeds_agree=seeds_agree)
+    return ReplayResult(
+        n=n,
+        rps=rps,
+        time_scale=time_scale,
+        seeds=tuple(seeds),
+        dataset=dataset,
+        policies=means,
+        per_seed=per_seed,
+        orders=agreements,
+        command=command,
+    )
 
 
-def _live_summary(rows: list[dict[str, Any]], jobs: list[ReplayJob], time_scale: float) -> dict[str, float]:
+def _live_summary(rows: list[JobResult], jobs: list[ReplayJob], time_scale: float) -> LiveSummary:
     pairs = list(zip(rows, jobs, strict=True))
     n = len(pairs)
 
-    def share(key: str) -> float:
+    def share(spent_ms: Callable[[JobResult], float]) -> float:
         # Real time spent over real (time_scale-compressed) E2E, averaged over workflows: at time_scale 1
         # that is the share at the profile's speed; above 1 it is an upper bound of it.
-        return float(sum(r[key] / (1000 * r["e2e_s"]) for r, _ in pairs)) / n
+        return float(sum(spent_ms(r) / (1000 * r.e2e_s) for r, _ in pairs)) / n
 
-    return {
-        "latency_per_token_ms": sum(1000 * r["e2e_s"] * time_scale / max(1, sum(j.lengths)) for r, j in pairs)
-        / n,
-        "score": sum(j.job.runs[r["model"]].score for r, j in pairs) / n,
-        "dispatch_share_of_e2e": share("dispatch_ms"),
-        "router_share_of_e2e": share("router_ms"),
-        "predictor_share_of_e2e": share("predictor_ms"),
-        # The scheduler: the policy's own computation plus its Redis round trips (assign, enqueue, reads).
-        "scheduler_share_of_e2e": share("policy_ms") + share("redis_ms"),
-        "dispatch_ms_per_workflow": sum(r["dispatch_ms"] for r, _ in pairs) / n,
-        "share_7b": sum(r["model"] == "qwen2.5-7b" for r, _ in pairs) / n,
-    }
-
-
-def flipped_pairs(policies: dict[str, Any], metric: str) -> list[tuple[str, str, float]]:
-    """Policy pairs whose order on ``metric`` differs between live and sim, with |sim difference|."""
-    names = list(policies)
-    out = []
-    for i, a in enumerate(names):
-        for b in names[i + 1 :]:
-            live = policies[a]["live"][metric] - policies[b]["live"][metric]
-            sim = policies[a]["sim"][metric] - policies[b]["sim"][metric]
-            if live * sim < 0 or (sim == 0) != (live == 0):
-                out.append((a, b, abs(sim)))
-    return out
-
-
-def table(data: dict[str, Any]) -> str:
-    seeds = ", ".join(str(s) for s in data["seeds"])
-    lines = [
-        f"# Live replay vs simulator ({data['dataset']}, Qwen1.5B+7B, {data['n']} workflows per seed, "
-        f"RPS {data['rps']:g}, time_scale {data['time_scale']:g}, seeds {seeds})",
-        "",
-        "Means over seeds.",
-        "",
-        "| policy | live ms/token | sim ms/token | live score | sim score | live 7B share | sim 7B share "
-        "| dispatch ms per workflow |",
-        "|" + "---|" * 8,
-    ]
-    for name, v in data["policies"].items():
-        lv, sm = v["live"], v["sim"]
-        lines.append(
-            f"| {name} | {lv['latency_per_token_ms']:.1f} | {sm['latency_per_token_ms']:.1f} | "
-            f"{lv['score']:.3f} | {sm['score']:.3f} | {lv['share_7b']:.2f} | {sm['share_7b']:.2f} | "
-            f"{lv['dispatch_ms_per_workflow']:.0f} |"
-        )
-    lines += [
-        "",
-        "## Table 1: overhead as a share of end-to-end workflow latency (live, real time)",
-        "",
-        "| policy | router | predictor | scheduler (policy + Redis) | all of dispatch | paper (all) |",
-        "|" + "---|" * 6,
-    ]
-    for name, v in data["policies"].items():
-        parts = ("router", "predictor", "scheduler", "dispatch")
-        cells = " | ".join(f"{100 * v['live'][f'{p}_share_of_e2e']:.2f}%" for p in parts)
-        lines.append(f"| {name} | {cells} | <= 2.2% |")
-    lines += ["", "## Per seed (live / sim ms per token)", ""]
-    lines.append("| seed | " + " | ".join(data["policies"]) + " |")
-    lines.append("|" + "---|" * (len(data["policies"]) + 1))
-    for seed, by in data["per_seed"].items():
-        row = [
-            f"{by[k]['live']['latency_per_token_ms']:.1f} / {by[k]['sim']['latency_per_token_ms']:.1f}"
-            for k in data["policies"]
-        ]
-        lines.append(f"| {seed} | " + " | ".join(row) + " |")
-    for metric in ("latency_per_token_ms", "score"):
-        o = data[f"order_by_{metric}"]
-        per = sum(o["seeds_agree"])
-        lines.append(
-            f"\nOrder by {metric} (ascending, means over seeds): live {o['live']}, sim {o['sim']}: "
-            f"agree = {o['agree']} (per seed: {per} of {len(o['seeds_agree'])} agree)."
-        )
-        flips = flipped_pairs(data["policies"], metric)
-        lines.append(
-            "Pairs the two harnesses order differently (on the means), with the simulator's gap: "
-            + (", ".join(f"{a} / {b} ({gap:.3g})" for a, b, gap in flips) or "none")
-            + "."
-        )
-    return "\n".join(lines) + "\n"
+    return LiveSummary(
+        latency_per_token_ms=sum(1000 * r.e2e_s * time_scale / max(1, sum(j.lengths)) for r, j in pairs) / n,
+        score=sum(j.job.runs[r.model].score for r, j in pairs) / n,
+        dispatch_share_of_e2e=share(lambda r: r.dispatch_ms),
+        router_share_of_e2e=share(lambda r: r.router_ms),
+        predictor_share_of_e2e=share(lambda r: r.predictor_ms),
+        scheduler_share_of_e2e=share(lambda r: r.policy_ms) + share(lambda r: r.redis_ms),
+        dispatch_ms_per_workflow=sum(r.dispatch_ms for r, _ in pairs) / n,
+        share_7b=sum(r.model == "qwen2.5-7b" for r, _ in pairs) / n,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -412,14 +340,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--report-only", type=Path, help="rewrite the tables from this replay.json")
     args = parser.parse_args(argv)
     if args.report_only:
-        data = json.loads(args.report_only.read_text())
+        data = ReplayResult.from_dict(json.loads(args.report_only.read_text()))
     else:
+        command = "python -m bench.replay " + " ".join(argv if argv is not None else sys.argv[1:])
         with tempfile.TemporaryDirectory(prefix="chimera-replay-") as tmp:
-            data = replay(args.n, args.rps, args.time_scale, args.seeds, args.dataset, Path(tmp))
-        data["command"] = "python -m bench.replay " + " ".join(argv if argv is not None else sys.argv[1:])
+            data = replay(args.n, args.rps, args.time_scale, args.seeds, args.dataset, Path(tmp), command)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "replay.json").write_text(json.dumps(data, indent=1) + "\n")
-    (args.out / "replay.md").write_text(table(data) + f"\nCommand: `{data['command']}`\n")
+    (args.out / "replay.json").write_text(json.dumps(data.to_dict(), indent=1) + "\n")
+    (args.out / "replay.md").write_text(table(data) + f"\nCommand: `{data.command}`\n")
     sys.stdout.write(table(data))
     return 0
 

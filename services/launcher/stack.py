@@ -14,7 +14,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,9 +128,38 @@ def _worker_env(spec: EngineSpec) -> dict[str, str]:
     return env
 
 
+# What the stack sets for the dispatcher itself: a caller's override would point it away from its siblings.
+_DISPATCHER_WIRING = frozenset(
+    {
+        "CHIMERA_DISPATCHER_HOST",
+        "CHIMERA_DISPATCHER_PORT",
+        "CHIMERA_DISPATCHER_HTTP_PORT",
+        "CHIMERA_DISPATCHER_METRICS_PORT",
+        "CHIMERA_DISPATCHER_ROUTER_ADDR",
+        "CHIMERA_DISPATCHER_PREDICTOR_ADDR",
+    }
+)
+
+
 @contextlib.contextmanager
-def running_stack(settings: LauncherSettings, pool: PoolSpec | None = None) -> Iterator[Stack]:
-    """Start everything, yield its addresses, stop everything (also on errors and Ctrl-C)."""
+def running_stack(
+    settings: LauncherSettings,
+    pool: PoolSpec | None = None,
+    *,
+    dispatcher_env: Mapping[str, str] | None = None,
+) -> Iterator[Stack]:
+    """Start everything, yield its addresses, stop everything (also on errors and Ctrl-C).
+
+    ``dispatcher_env``: extra ``CHIMERA_DISPATCHER_*`` variables (e.g. the policy and its tau) for the
+    dispatcher child only, so that a caller can run stacks with different settings without touching
+    ``os.environ``. They cannot replace the addresses and ports the stack wires up itself.
+    """
+    extra = dict(dispatcher_env or {})
+    stray = sorted(k for k in extra if not k.startswith("CHIMERA_DISPATCHER_") or k in _DISPATCHER_WIRING)
+    if stray:
+        raise ValueError(
+            f"dispatcher_env may only add CHIMERA_DISPATCHER_* settings, not: {', '.join(stray)}"
+        )
     pool = pool or load_pool(settings.pool_file)
     state = settings.state_dir.resolve()
     logs = state / "logs"
@@ -226,6 +255,7 @@ def running_stack(settings: LauncherSettings, pool: PoolSpec | None = None) -> I
                 "CHIMERA_DISPATCHER_METRICS_PORT": metrics_port("dispatcher"),
                 "CHIMERA_DISPATCHER_ROUTER_ADDR": addr["router"],
                 "CHIMERA_DISPATCHER_PREDICTOR_ADDR": addr["predictor"],
+                **extra,
             },
             grpc_probe(addr["dispatcher"]),
             False,
