@@ -2,10 +2,12 @@
 
 NOTE(sim): what is simulated and what is real.
 
-- Real: the engine choice (``POLICIES[name].select``: Algorithm 1, the baselines, the improved rule), the
-  queue order (``POLICIES[name].priority``: the static aged score the Redis queue sorts by), the in-flight
-  accounting the paper's L[m] reads (sum of ŷ dispatched and not finished), workflow affinity (later stages
-  reuse the first stage's engine), and the learned router and predictor answers (``bench.workload``).
+- Real: every scheduling decision goes through ``services.policy.ledger.Ledger``, which calls the functions
+  the dispatcher calls: the engine choice (``POLICIES[name].select``: Algorithm 1, the baselines, the
+  improved rule), workflow affinity (later stages stay on the first stage's engine), the queue order (the
+  static aged score the Redis queue sorts by) and the in-flight accounting the paper's L[m] reads (sum of ŷ
+  dispatched and not finished); the knobs' defaults are the product's (``services.policy.knobs``). The
+  learned router and predictor answers come from ``bench.workload``.
 - Simulated: engine speed (``bench.engines`` profiles) and outcomes (the workload's outcome model).
 
 Engines do continuous batching as ``services.worker.engine.simulated`` does: every running sequence gains one
@@ -24,6 +26,7 @@ Workflows arrive as a Poisson process (seeded); stage i+1 is sent the moment sta
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -32,11 +35,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bench.workload import Job
-from services.common.types import EngineProfile, EngineSnapshot
-from services.dispatcher.policy import POLICIES, Policy
+from services.common.types import EngineProfile
+from services.policy.contract import JobSize, Policy, PriorityInput
+from services.policy.knobs import DEFAULT_KNOBS, Knobs
+from services.policy.ledger import Ledger
+from services.policy.registry import POLICIES
 
-# Which ŷ a variant puts in the queue score (and, for "total"/"oracle", in the in-flight accounting).
-PRIORITY_INPUTS = ("fcfs", "total", "stage", "oracle", "attained")
 ROUTERS = ("learned", "prior", "oracle", "none")
 
 
@@ -45,25 +49,27 @@ class Variant:
     """A policy from the registry plus what feeds it."""
 
     name: str
-    policy: str  # key of services.dispatcher.policy.POLICIES
+    policy: str  # key of services.policy.registry.POLICIES
     router: str  # learned | prior | oracle | none
-    priority_input: str  # see PRIORITY_INPUTS
+    # What the queue score is fed instead of the policy's own input (None: its own). An oracle-fed variant
+    # stands for a perfect predictor, so its in-flight accounting reads the oracle too (routing).
+    priority_input: PriorityInput | None = None
     uses_tau: bool = False
 
 
 VARIANTS: Mapping[str, Variant] = {
     v.name: v
     for v in (
-        Variant("vllm", "vllm", "none", "fcfs"),
-        Variant("mlfq", "mlfq", "none", "attained"),
-        Variant("ltr", "ltr", "none", "stage"),
-        Variant("vllm-stjf", "vllm-stjf", "none", "oracle"),
-        Variant("stjf-learned", "vllm-stjf", "none", "total"),
-        Variant("chimera", "chimera", "learned", "total", True),
-        Variant("chimera-plus", "chimera-plus", "learned", "total", True),
-        Variant("chimera-norouter", "chimera", "prior", "total", True),
-        Variant("chimera-oracle-router", "chimera", "oracle", "total", True),
-        Variant("chimera-oracle-predictor", "chimera", "learned", "oracle", True),
+        Variant("vllm", "vllm", "none"),
+        Variant("mlfq", "mlfq", "none"),
+        Variant("ltr", "ltr", "none"),
+        Variant("vllm-stjf", "vllm-stjf", "none"),
+        Variant("stjf-learned", "vllm-stjf", "none", PriorityInput.PREDICTED_TOTAL),
+        Variant("chimera", "chimera", "learned", uses_tau=True),
+        Variant("chimera-plus", "chimera-plus", "learned", uses_tau=True),
+        Variant("chimera-norouter", "chimera", "prior", uses_tau=True),
+        Variant("chimera-oracle-router", "chimera", "oracle", uses_tau=True),
+        Variant("chimera-oracle-predictor", "chimera", "learned", PriorityInput.ORACLE_TOTAL, True),
     )
 }
 
@@ -82,11 +88,14 @@ class SimConfig:
     pool: tuple[str, ...]  # model keys, one engine each
     rps: float
     variant: str
-    tau: float = 0.0
-    delta_s: float = 0.05  # DispatcherSettings default
-    aging_rate: float = 20.0  # DispatcherSettings default (tokens per second of waiting)
-    priority_cap: int = 8192  # DispatcherSettings default
+    tau: float = DEFAULT_KNOBS.tau
+    delta_s: float = DEFAULT_KNOBS.delta_s
+    aging_rate: float = DEFAULT_KNOBS.aging_rate  # tokens per second of waiting
+    priority_cap: int = DEFAULT_KNOBS.priority_cap_tokens
     seed: int = 0
+
+    def knobs(self) -> Knobs:
+        return Knobs(self.tau, self.delta_s, self.aging_rate, self.priority_cap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +122,8 @@ class SimResult:
 class _Req:
     job: Job
     model: str
+    engine: str
     stage: int
-    y_hat: int  # in-flight accounting
     t_enq: float
     arrival_s: float
     queue_s: list[float]
@@ -123,20 +132,24 @@ class _Req:
     start: float = 0.0  # engine token counter at admission
     kv_base: int = 0  # KV tokens it held at admission (prompt plus done_tokens)
 
+    @property
+    def request_id(self) -> str:
+        return f"{self.job.index}:{self.stage}"
+
 
 @dataclass
 class _Engine:
+    """The engine's clock, batch and KV cache; its queue and accounting live in the ``Ledger``."""
+
     engine_id: str
     model: str
     spec: EngineSpec
     step: list[float]  # step time (ms) per batch size, 0..max_num_seqs
-    queue: list[tuple[float, float, int, _Req]] = field(default_factory=list)
     running: list[tuple[float, int, _Req]] = field(default_factory=list)  # (finish counter, seq, req)
     counter: float = 0.0  # tokens each running sequence has gained since the engine started
     kv_offset: float = 0.0  # sum over running of (kv_base - start): KV in use = kv_offset + b * counter
     stall_ms: float = 0.0  # prefill still to run before decoding resumes
     last_s: float = 0.0
-    inflight: int = 0
     version: int = 0  # bumped on every change, so stale events are skipped
 
     def advance(self, now: float) -> None:
@@ -164,11 +177,6 @@ class _Engine:
         need = max(0.0, target - self.counter)
         return now + (self.stall_ms + need * self.step[b]) / 1000.0, kind
 
-    def snapshot(self) -> EngineSnapshot:
-        return EngineSnapshot(
-            self.engine_id, self.model, self.spec.profile, self.inflight, len(self.queue), len(self.running)
-        )
-
 
 def _engines(pool: Sequence[str], specs: Mapping[str, EngineSpec]) -> list[_Engine]:
     out = []
@@ -183,15 +191,22 @@ def _confidence(job: Job, router: str) -> Mapping[str, float]:
     return {"learned": job.q_learned, "prior": job.q_prior, "oracle": job.q_oracle}.get(router, {})
 
 
-def _y(req: _Req, how: str) -> int:
-    st = req.job.runs[req.model].stages[req.stage]
-    if how == "stage":
-        return st.pred_stage
-    if how == "oracle":
-        return st.true_remaining
-    if how == "attained":
-        return sum(s.output_tokens for s in req.job.runs[req.model].stages[: req.stage])
-    return st.pred_total
+def _size(job: Job, model: str, stage: int) -> JobSize:
+    """Every size the simulator knows of one stage: the learned ones, the attained service and the truth."""
+    stages = job.runs[model].stages
+    st = stages[stage]
+    return JobSize(
+        predicted_total=st.pred_total,
+        attained=sum(s.output_tokens for s in stages[:stage]),
+        per_stage=st.pred_stage,
+        oracle_total=st.true_remaining,
+    )
+
+
+def _fed(policy: Policy, variant: Variant) -> Policy:
+    if variant.priority_input is None:
+        return policy
+    return dataclasses.replace(policy, priority_input=variant.priority_input)
 
 
 class _Sim:
@@ -201,10 +216,13 @@ class _Sim:
         self, config: SimConfig, specs: Mapping[str, EngineSpec], policies: Mapping[str, Policy]
     ) -> None:
         self.config = config
+        self.knobs = config.knobs()
         self.variant = VARIANTS[config.variant]
-        self.policy = policies[self.variant.policy]
+        self.policy = _fed(policies[self.variant.policy], self.variant)
         self.engines = _engines(config.pool, specs)
         self.by_id = {e.engine_id: e for e in self.engines}
+        self.ledger = Ledger([(e.engine_id, e.model, e.spec.profile) for e in self.engines])
+        self.waiting: dict[str, _Req] = {}  # queued in the ledger, by request id
         self.seq = itertools.count()
         self.arrivals: list[tuple[float, int, Job]] = []
         self.events: list[tuple[float, int, str, int, int]] = []  # (time, seq, kind, engine index, version)
@@ -218,14 +236,15 @@ class _Sim:
             heapq.heappush(self.events, (at, next(self.seq), kind, self.engines.index(e), e.version))
 
     def admit(self, e: _Engine, now: float) -> None:
-        while e.queue and len(e.running) < e.spec.max_num_seqs:
-            req = e.queue[0][3]
+        while (head := self.ledger.head(e.engine_id)) is not None and len(e.running) < e.spec.max_num_seqs:
+            req = self.waiting[head]
             st = req.job.runs[req.model].stages[req.stage]
             kv = st.prompt_tokens + req.done_tokens
             # The head waits for room (no skipping), unless the engine is empty: it must run somewhere.
             if e.running and e.kv_used() + kv + 1 > e.spec.kv_tokens:
                 break
-            heapq.heappop(e.queue)
+            self.ledger.claim(e.engine_id)
+            del self.waiting[head]
             if req.done_tokens:
                 req.queue_s[-1] += now - req.t_enq
             else:
@@ -235,14 +254,24 @@ class _Sim:
             e.kv_offset += kv - e.counter
             heapq.heappush(e.running, (e.counter + st.output_tokens - req.done_tokens, next(self.seq), req))
 
-    def enqueue(self, e: _Engine, req: _Req, now: float) -> None:
-        how = self.variant.priority_input
-        req.y_hat = _y(req, "oracle" if how == "oracle" else "total")
+    def dispatch(self, job: Job, stage: int, arrival_s: float, queue_s: list[float], now: float) -> _Req:
+        """One stage request through the ledger: the decision the dispatcher makes for it."""
         self.priority_calls += 1
-        req.score = self.policy.priority(_y(req, how), now, self.config.aging_rate, self.config.priority_cap)
-        req.t_enq = now
-        e.inflight += req.y_hat
-        heapq.heappush(e.queue, (req.score, now, next(self.seq), req))
+        self.select_calls += stage == 0
+        placed = self.ledger.dispatch(
+            self.policy,
+            self.knobs,
+            str(job.index),
+            f"{job.index}:{stage}",
+            stage,
+            lambda model: _size(job, model, stage),
+            _confidence(job, self.variant.router) if stage == 0 else {},
+            now,
+        )
+        route = placed.route
+        req = _Req(job, route.model, route.engine_id, stage, now, arrival_s, queue_s, placed.score)
+        self.waiting[req.request_id] = req
+        return req
 
     def preempt(self, e: _Engine, now: float) -> None:
         """Evict the lowest-priority running sequence (latest arrival among equals), as vLLM does."""
@@ -252,18 +281,15 @@ class _Sim:
         e.kv_offset -= victim.kv_base - victim.start
         victim.done_tokens += int(e.counter - victim.start)
         victim.t_enq = now
-        heapq.heappush(e.queue, (victim.score, now, next(self.seq), victim))
+        self.ledger.requeue(e.engine_id, victim.request_id, now)
+        self.waiting[victim.request_id] = victim
         self.preemptions += 1
 
     def arrive(self, job: Job, now: float) -> None:
-        self.select_calls += 1
         for e in self.engines:
             e.advance(now)
-        cfg = self.config
-        snapshots = [e.snapshot() for e in self.engines]
-        sel = self.policy.select(snapshots, _confidence(job, self.variant.router), cfg.tau, cfg.delta_s)
-        e = self.by_id[sel.engine_id]
-        self.enqueue(e, _Req(job, e.model, 0, 0, now, now, []), now)
+        req = self.dispatch(job, 0, now, [], now)
+        e = self.by_id[req.engine]
         self.admit(e, now)
         self.schedule(e, now)
 
@@ -274,11 +300,11 @@ class _Sim:
         while e.running and e.running[0][0] <= e.counter + 1e-9:
             _, _, done = heapq.heappop(e.running)
             e.kv_offset -= done.kv_base - done.start
-            e.inflight -= done.y_hat
+            self.ledger.complete(e.engine_id, done.request_id)
             run = done.job.runs[done.model]
             if done.stage + 1 < len(run.stages):
-                nxt = _Req(done.job, done.model, done.stage + 1, 0, now, done.arrival_s, done.queue_s)
-                self.enqueue(e, nxt, now)
+                # Affinity keeps the next stage on this engine (the ledger follows the program's assignment).
+                self.dispatch(done.job, done.stage + 1, done.arrival_s, done.queue_s, now)
                 continue
             self.results.append(
                 WorkflowResult(

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.dispatcher.policy import priority_score, wait_bound_s
+from services.policy.aging import priority_score, wait_bound_s
 
 pytestmark = pytest.mark.unit
 

@@ -16,7 +16,8 @@ import pytest
 from bench.sim import EngineSpec, SimConfig, simulate, summarize
 from bench.workload import Job, Run, Stage
 from services.common.types import EngineProfile, EngineSnapshot
-from services.dispatcher.policy import POLICIES, Policy, Selection
+from services.policy.contract import Policy, Selection
+from services.policy.registry import POLICIES
 
 pytestmark = pytest.mark.unit
 
@@ -84,15 +85,17 @@ class _Counting:
         self.selects += 1
         return self.inner.select(engines, confidence, tau, delta_s)
 
-    def priority(self, predicted_tokens: int, enqueued_unix: float, aging_rate: float, cap: int) -> float:
+    def priority(self, size_tokens: int, enqueued_unix: float, aging_rate: float, cap: int) -> float:
         self.priorities += 1
-        return self.inner.priority(predicted_tokens, enqueued_unix, aging_rate, cap)
+        return self.inner.priority(size_tokens, enqueued_unix, aging_rate, cap)
 
 
 def test_calls_the_product_policy_functions() -> None:
     counter = _Counting(POLICIES["chimera"])
     wrapped = dict(POLICIES)
-    wrapped["chimera"] = Policy("chimera", counter.select, counter.priority)
+    wrapped["chimera"] = Policy(
+        "chimera", counter.select, counter.priority, POLICIES["chimera"].priority_input
+    )
     cfg = SimConfig(("fast", "slow"), 20.0, "chimera", tau=2.0)
     res = simulate(JOBS, cfg, SPECS, policies=wrapped)
     assert counter.selects == len(JOBS) == res.select_calls

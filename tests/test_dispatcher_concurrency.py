@@ -24,8 +24,9 @@ from services.common.queue import QueueStore
 from services.common.redis_proc import PrivateRedis
 from services.common.types import ChatMessage, Prediction, SamplingParams, StageRequest, StageResult
 from services.dispatcher.config import DispatcherSettings
-from services.dispatcher.dispatch import Dispatched, Dispatcher
+from services.dispatcher.dispatch import Dispatcher
 from services.dispatcher.errors import DuplicateRequest
+from services.dispatcher.handoff import Dispatched
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 

@@ -14,10 +14,11 @@ from services.common.queue import QueueStore, Retention
 from services.common.redis_proc import PrivateRedis
 from services.common.types import ChatMessage, Prediction, SamplingParams, StageRequest, StageResult
 from services.dispatcher.config import DispatcherSettings
-from services.dispatcher.dispatch import Dispatched, Dispatcher
+from services.dispatcher.dispatch import Dispatcher
 from services.dispatcher.errors import RequestFailed
+from services.dispatcher.handoff import Delta, Dispatched, Final, StreamItem
 from services.dispatcher.reaper import reap_once
-from services.dispatcher.stream import Delta, Final, StreamItem, stream_output
+from services.dispatcher.stream import stream_output
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 

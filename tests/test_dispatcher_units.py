@@ -8,12 +8,13 @@ import pytest
 from pydantic import ValidationError
 
 from chimera.dispatcher.v1 import dispatcher_pb2 as pb
+from services.common.snapshot import parse_engine
 from services.common.types import ChatMessage, EngineProfile, SamplingParams, StageRequest
 from services.dispatcher.clients import UpstreamError, prediction_from_quantiles
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.errors import InvalidRequest, RequestTooLarge
-from services.dispatcher.server import to_stage_request
-from services.dispatcher.snapshot import parse_engine
+from services.dispatcher.intake import stage_request
+from services.dispatcher.server import intake_of
 from services.dispatcher.validate import Limits, validate_request
 
 pytestmark = pytest.mark.unit
@@ -68,13 +69,13 @@ def test_proto_conversion_fills_defaults() -> None:
         model="auto",
         timeout_ms=1500,
     )
-    req = to_stage_request(msg, settings, clock=lambda: 1000.0)
+    req = stage_request(intake_of(msg), msg.stage, settings, now=1000.0)
     assert req.request_id and req.model_pin is None
     assert (req.sampling.max_tokens, req.sampling.top_p, req.sampling.seed) == (77, 1.0, None)
     assert (req.received_unix, req.deadline_unix) == (1000.0, 1001.5)
     msg.model, msg.request_id, msg.timeout_ms = "m-7b", "given", 0
     msg.sampling.seed = 0
-    req = to_stage_request(msg, settings, clock=lambda: 5.0)
+    req = stage_request(intake_of(msg), msg.stage, settings, now=5.0)
     assert (req.model_pin, req.request_id, req.deadline_unix, req.sampling.seed) == ("m-7b", "given", None, 0)
 
 

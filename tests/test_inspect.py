@@ -33,12 +33,14 @@ from services.common.types import (
     StageRequest,
 )
 from services.dispatcher.config import DispatcherSettings
-from services.dispatcher.dispatch import Dispatched, Dispatcher
-from services.dispatcher.policy import engine_load_ms, select_engine
+from services.dispatcher.dispatch import Dispatcher
+from services.dispatcher.handoff import Dispatched
 from services.inspect.cli import app
 from services.inspect.explain import RequestNotFound, candidates_from_record, explain, recheck
 from services.inspect.queue_view import QueueView, queue_view
 from services.launcher.stack import Stack
+from services.policy.chimera import select_engine
+from services.policy.estimates import engine_load_ms
 from services.sdk import AsyncClient, Completion, Sampling
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -176,7 +178,7 @@ async def test_explain_reproduces_the_dispatchers_decision(
         (),
     )
     assert {c.engine: c.q for c in ex.candidates} == {"e0": CONFIDENCE["m-small"], "e1": CONFIDENCE["m-big"]}
-    assert {c.engine: c.load_ms for c in ex.candidates} == pytest.approx(
+    assert {c.engine: c.cost for c in ex.candidates} == pytest.approx(
         seen
     ) and ex.loads_ms == pytest.approx(seen)
     assert ex.recheck is not None and ex.recheck.consistent and ex.recheck.engine == "e1"

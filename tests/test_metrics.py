@@ -31,9 +31,8 @@ from services.common.metrics import ModelServiceMetrics, confidence_bucket, star
 from services.common.types import ChatMessage, Prediction, SamplingParams, StageRequest
 from services.demo.client import WorkflowRun, plan_runs, run_stage
 from services.dispatcher.config import DispatcherSettings
-from services.dispatcher.dispatch import Dispatched
+from services.dispatcher.handoff import Dispatched, Final
 from services.dispatcher.metrics import DispatcherMetrics, EngineCollector
-from services.dispatcher.stream import Final
 from services.launcher.config import LauncherSettings
 from services.launcher.pool import EngineSpec, PoolSpec
 from services.launcher.stack import Stack, running_stack

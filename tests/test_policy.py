@@ -7,14 +7,11 @@ import math
 import pytest
 
 from services.common.types import EngineProfile, EngineSnapshot
-from services.dispatcher.errors import NoLiveEngine
-from services.dispatcher.policy import (
-    POLICIES,
-    engine_load_ms,
-    priority_score,
-    select_engine,
-    wait_bound_s,
-)
+from services.policy.aging import priority_score, wait_bound_s
+from services.policy.chimera import select_engine
+from services.policy.contract import NoLiveEngine
+from services.policy.estimates import engine_load_ms
+from services.policy.registry import POLICIES
 
 pytestmark = pytest.mark.unit
 
@@ -66,7 +63,8 @@ def test_scan_is_by_descending_confidence_and_records_every_candidate() -> None:
     assert (by_id["big"].slack_ok, by_id["big"].margin_ok) == (False, True)
     assert (by_id["mid"].slack_ok, by_id["mid"].margin_ok) == (True, True)
     assert (by_id["small"].slack_ok, by_id["small"].margin_ok) == (True, False)
-    assert sel.load_ms == {"small": 250.0, "mid": 500.0, "big": 750.0}
+    assert sel.cost_name == "load_ms"
+    assert sel.cost == {"small": 250.0, "mid": 500.0, "big": 750.0}
     assert sel.q == {"small": 0.30, "mid": 0.55, "big": 0.80}
     rec = select_engine(POOL, Q, math.inf, math.inf).to_record()
     assert rec["tau"] == "inf" and rec["engine"] == "small" and len(rec["candidates"]) == 3

@@ -21,7 +21,30 @@ is harmless (the retried stage reuses it; the TTL collects it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final, TypeVar
+
+F = TypeVar("F", bound=Callable[..., str])
+
+
+@dataclass(frozen=True, slots=True)
+class KeyDoc:
+    """What the README's key table says of one key (its meaning is the method's docstring summary)."""
+
+    type: str
+    written_by: str
+    ttl: str
+
+
+def key(type_: str, written_by: str, ttl: str = "none") -> Callable[[F], F]:
+    """Mark a ``Keys`` method as a key and say what it is (``chimera docs`` builds the key table from it)."""
+
+    def mark(fn: F) -> F:
+        fn.key_doc = KeyDoc(type_, written_by, ttl)  # type: ignore[attr-defined]
+        return fn
+
+    return mark
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,12 +53,16 @@ class Keys:
 
     prefix: str = "chimera"
 
+    @key("SET", "worker")
     def engines(self) -> str:
-        """SET of engine ids that have registered. Written by workers at start; never expires."""
+        """Registered engine ids.
+
+        Written by each worker as it registers (at start, and again whenever its info hash is missing)."""
         return f"{self.prefix}:engines"
 
+    @key("HASH", "worker, queue scripts")
     def engine_info(self, engine: str) -> str:
-        """HASH: model, profile fields, max_num_seqs, worker_id, heartbeat_ms, running, and ``load``.
+        """Model, profile, ``max_num_seqs``, ``heartbeat_ms``, ``load`` (= Σ in-flight ŷ): ``EngineField``.
 
         ``load`` is the engine's in-flight predicted tokens (sum of ``inflight`` values), kept by the
         dispatch/complete scripts with HINCRBY so that reading the load is O(1). Written by the worker
@@ -43,60 +70,75 @@ class Keys:
         """
         return f"{self.prefix}:{{{engine}}}:info"
 
+    @key("ZSET", "dispatcher, reaper")
     def queue(self, engine: str) -> str:
-        """ZSET request_id -> score; ZPOPMIN serves next.
+        """Waiting request ids; **score = the policy's static priority** (Chimera: min(ŷ, cap) + β·t_enq),
+        served lowest first.
 
-        The score is the policy's static priority (for Chimera, predicted remaining tokens plus the aging
-        rate times the enqueue time in seconds; see ``services.dispatcher.policy``). Written by dispatch and
+        ZPOPMIN serves next. For Chimera the score is the predicted remaining tokens plus the aging rate times
+        the enqueue time in seconds (``services.policy.aging``). Written by dispatch and
         the reaper; popped by the worker. No TTL.
         """
         return f"{self.prefix}:{{{engine}}}:queue"
 
+    @key("HASH", "dispatch / completion scripts")
     def inflight(self, engine: str) -> str:
-        """HASH request_id -> predicted remaining tokens (integer): the paper's in-flight map I[m].
+        """Request id → ŷ, predicted remaining tokens: the paper's in-flight map I[m].
 
         Inserted at dispatch, removed at completion, failure or cancellation. No TTL.
         """
         return f"{self.prefix}:{{{engine}}}:inflight"
 
+    @key("ZSET", "worker claim / renew")
     def claims(self, engine: str) -> str:
-        """ZSET request_id -> lease deadline (unix ms) of requests a worker has popped and is running.
+        """Running request ids; score = lease deadline (unix ms).
 
         Written by the claim script, renewed by the worker, emptied by completion; the reaper moves
         expired entries back to ``queue``. No TTL.
         """
         return f"{self.prefix}:{{{engine}}}:claims"
 
+    @key("LIST", "dispatcher", "trimmed to 1")
     def wake(self, engine: str) -> str:
-        """LIST used only as a doorbell: dispatch pushes, an idle worker BLPOPs. Trimmed to one element."""
+        """Doorbell for an idle worker: dispatch pushes, the worker BLPOPs. Trimmed to one element."""
         return f"{self.prefix}:{{{engine}}}:wake"
 
+    @key("HASH", "dispatcher, worker", "request TTL, then finished TTL")
     def request(self, engine: str, request_id: str) -> str:
-        """HASH for one stage request: payload (JSON), state, attempt, predictions, timings, decision.
+        """One stage request: payload, state, attempt, ŷ, timings, decision record: ``RequestField``.
 
         Created by dispatch; states queued -> running -> done | failed | cancelled. TTL: the request's
         retention, set at creation and shortened at completion.
         """
         return f"{self.prefix}:{{{engine}}}:req:{request_id}"
 
+    @key("STREAM", "worker", "finished TTL")
     def output(self, engine: str, request_id: str) -> str:
-        """STREAM of output events for one request (delta | final | error), read by the front door.
+        """Output events of one request: deltas, then one final or error; read by the front door.
 
         Written by the worker (deltas) and the completion script (the single final or error event).
         Capped with MAXLEN; expires ``stream_retention_s`` after the final event.
         """
         return f"{self.prefix}:{{{engine}}}:out:{request_id}"
 
+    @key("STREAM", "completion script", "MAXLEN")
     def traces(self, engine: str) -> str:
-        """STREAM of completed-stage trace rows (JSON in field ``row``), appended by the completion script.
+        """One trace row per completed stage (JSON in field ``row``), appended by the completion script.
 
         Capped with approximate MAXLEN; read by the trace export/retraining jobs.
         """
         return f"{self.prefix}:{{{engine}}}:traces"
 
+    @key(
+        "HASH",
+        "dispatcher (assign; the front door credits each relayed final)",
+        "`program_ttl_s`, deleted by EndProgram",
+    )
     def program(self, program_id: str) -> str:
-        """HASH: engine, model, workflow, last stage, current request, router confidences, created, and
-        ``attained`` (output tokens of its finished stages, credited by the front door as it relays them).
+        """Engine, model, workflow, last stage, current request, q[m], ``attained``: ``ProgramField``.
+
+        ``attained`` is the output tokens of its finished stages (MLFQ's attained service), credited by the
+        front door as it relays each final answer.
 
         Written by the assign script on every stage; deleted by EndProgram; TTL ``program_ttl_s``,
         refreshed on every stage so that abandoned workflows disappear.
@@ -107,35 +149,107 @@ class Keys:
         """SCAN pattern over the program table."""
         return f"{self.prefix}:prog:*"
 
+    @key("STREAM", "dispatcher", "MAXLEN")
     def outcomes(self) -> str:
-        """STREAM of workflow outcomes (program_id, engine, model, workflow, outcome) from EndProgram."""
+        """Workflow outcomes (program_id, engine, model, workflow, outcome) from EndProgram."""
         return f"{self.prefix}:outcomes"
 
+    @key("HASH", "`chimera profile`, the worker when it profiles at start")
     def profile(self, engine: str) -> str:
-        """HASH: the measured profile of an engine (decode_ms_per_token, max_batch_size, step curve JSON).
+        """An engine's measured profile (``json``, and its scalars for redis-cli): ``ProfileField``.
 
         Written by ``chimera profile``; read by the worker at start to publish into ``engine_info``.
         """
         return f"{self.prefix}:{{{engine}}}:profile"
 
+    @key("HASH", "export job")
     def export_cursor(self) -> str:
-        """HASH stream key -> JSON cursor of the last exported entry. Written only by the export job.
+        """Stream key → JSON cursor of the last exported entry.
 
         The jobs' keys share the ``{jobs}`` hash tag so that the export's commit script touches one slot.
         """
         return f"{self.prefix}:{{jobs}}:export:cursor"
 
+    @key("STRING", "export job", "the lease (PX)")
     def export_lock(self) -> str:
-        """STRING lease token of the running export; PX = the lease."""
+        """Lease token of the running export."""
         return f"{self.prefix}:{{jobs}}:export:lock"
 
+    @key("HASH", "every background job")
     def job_runs(self) -> str:
-        """HASH ``<task>:<field>`` -> value: each background job's run counts and last times (``jobruns``).
+        """``<task>:<field>`` → value: each background job's runs, failures, last success and duration.
 
         Written by the jobs as each run ends; read by the dispatcher's ``/metrics`` at scrape time.
         """
         return f"{self.prefix}:{{jobs}}:runs"
 
+    @key("STRING", "retrain jobs", "the lease (PX)")
     def retrain_lock(self, kind: str) -> str:
-        """STRING lease token of the running retrain of ``kind`` (router | predictor)."""
+        """Lease token of the running retrain of ``kind`` (router | predictor)."""
         return f"{self.prefix}:{{jobs}}:retrain:{kind}:lock"
+
+
+# Hash field names, beside the keys they belong to: Python code reads and writes them through these names.
+# The Lua scripts in ``queue_scripts`` spell the same strings (Lua cannot import them); tests/test_keys.py
+# pins every one, so a rename is deliberate.
+
+
+class EngineField:
+    """Fields of ``Keys.engine_info``."""
+
+    MODEL: Final = "model"
+    KIND: Final = "kind"
+    DECODE_MS_PER_TOKEN: Final = "decode_ms_per_token"
+    MAX_BATCH_SIZE: Final = "max_batch_size"
+    MAX_NUM_SEQS: Final = "max_num_seqs"
+    PROFILE: Final = "profile"  # the whole measured profile as JSON (step curve, prefill cost)
+    PROFILE_SOURCE: Final = "profile_source"
+    TIME_SCALE: Final = "time_scale"
+    WORKER_ID: Final = "worker_id"
+    HEARTBEAT_MS: Final = "heartbeat_ms"
+    RUNNING: Final = "running"
+    HELD: Final = "held"
+    LOAD: Final = "load"  # sum of the engine's in-flight predicted tokens, kept by the queue scripts
+
+
+class RequestField:
+    """Fields of ``Keys.request``."""
+
+    PAYLOAD: Final = "payload"
+    PROGRAM_ID: Final = "program_id"
+    Y: Final = "y"
+    Y90: Final = "y90"
+    SCORE: Final = "score"
+    T_ENQ: Final = "t_enq"
+    STATE: Final = "state"
+    ATTEMPT: Final = "attempt"
+    DECISION: Final = "decision"
+    WORKER: Final = "worker"
+    T_CLAIM: Final = "t_claim"
+    T_FIRST_CLAIM: Final = "t_first_claim"
+    T_DONE: Final = "t_done"
+    CANCEL: Final = "cancel"
+
+
+class ProgramField:
+    """Fields of ``Keys.program``."""
+
+    ENGINE: Final = "engine"
+    MODEL: Final = "model"
+    WORKFLOW: Final = "workflow"
+    STAGE: Final = "stage"
+    REQUEST_ID: Final = "request_id"
+    CONFIDENCES: Final = "confidences"
+    CREATED: Final = "created"
+    UPDATED: Final = "updated"
+    ATTAINED: Final = "attained"
+
+
+class ProfileField:
+    """Fields of ``Keys.profile``."""
+
+    JSON: Final = "json"
+    DECODE_MS_PER_TOKEN: Final = "decode_ms_per_token"
+    MAX_BATCH_SIZE: Final = "max_batch_size"
+    PREFILL_MS_PER_TOKEN: Final = "prefill_ms_per_token"
+    MEASURED_UNIX: Final = "measured_unix"

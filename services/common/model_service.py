@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import functools
 import logging
 import signal
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -22,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 from pydantic import Field
 
+from services.common import grpc_status
 from services.common.artifacts import ArtifactMeta
 from services.common.batching import (
     BatchCollector,
@@ -31,6 +30,7 @@ from services.common.batching import (
     NoArtifactError,
 )
 from services.common.config import CommonSettings
+from services.common.grpc_status import by_type
 from services.common.metrics import ModelServiceMetrics, start_exporter
 
 Resp = TypeVar("Resp")
@@ -76,11 +76,9 @@ def _logger(label: str) -> logging.Logger:
 def status_codes(
     errors: Mapping[type[Exception], grpc.StatusCode], label: str
 ) -> Callable[[Method[Resp]], Method[Resp]]:
-    """A decorator for servicer methods: the one place where domain errors become gRPC status codes.
-
-    ``errors`` maps each domain error type to its code (first match wins), to which the collector's errors are
-    added as UNAVAILABLE; any other exception is logged and becomes INTERNAL. The servicer must have a
-    ``metrics`` attribute (a ``ModelServiceMetrics``).
+    """The model services' ``grpc_status.status_codes``: ``errors`` maps each domain error type to its code
+    (first match wins), to which the collector's errors are added as UNAVAILABLE; any other exception is
+    logged and becomes INTERNAL. The servicer must have a ``metrics`` attribute (a ``ModelServiceMetrics``).
     """
     # Every model service answers from a batch collector, so its errors map the same way everywhere.
     codes: dict[type[Exception], grpc.StatusCode] = {
@@ -88,29 +86,11 @@ def status_codes(
         NoArtifactError: grpc.StatusCode.UNAVAILABLE,
         CollectorClosedError: grpc.StatusCode.UNAVAILABLE,
     }
-    known = tuple(codes)
-    log = _logger(label)
 
-    def decorate(fn: Method[Resp]) -> Method[Resp]:
-        @functools.wraps(fn)
-        async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Resp:
-            t0, code = time.perf_counter(), grpc.StatusCode.OK
-            try:
-                return await fn(self, request, context)
-            except known as e:
-                code = next(c for t, c in codes.items() if isinstance(e, t))
-                await context.abort(code, str(e))
-            except Exception:
-                log.exception("%s call failed", label)
-                code = grpc.StatusCode.INTERNAL
-                await context.abort(code, f"{label} inference failed")
-            finally:
-                self.metrics.observe_call(fn.__name__, code.name, time.perf_counter() - t0)
-            raise AssertionError("unreachable: abort raises")
+    def observe(servicer: Any, method: str, code: str, seconds: float) -> None:
+        servicer.metrics.observe_call(method, code, seconds)
 
-        return wrapper
-
-    return decorate
+    return grpc_status.status_codes(by_type(codes), _logger(label), f"{label} inference failed", observe)
 
 
 class ModelServer(abc.ABC, Generic[ItemT, OutT]):

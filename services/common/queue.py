@@ -12,7 +12,7 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import Redis
 
@@ -48,6 +48,7 @@ def _ev(**kw: Any) -> str:
 
 class QueueStore:
     def __init__(self, redis: Redis, keys: Keys, retention: Retention | None = None) -> None:
+        """``redis`` decodes responses (``decode_responses=True``), as every client in Chimera does."""
         self._r = redis
         self._k = keys
         self.retention = retention or Retention()
@@ -59,6 +60,7 @@ class QueueStore:
         self._reap = redis.register_script(lua.REAP)
         self._assign = redis.register_script(lua.ASSIGN)
         self._credit = redis.register_script(lua.CREDIT)
+        self._unassign = redis.register_script(lua.UNASSIGN)
 
     @property
     def keys(self) -> Keys:
@@ -92,8 +94,12 @@ class QueueStore:
                 time.time(),
             ],
         )
-        status, eng, mdl = (x.decode() if isinstance(x, bytes) else str(x) for x in res)
+        status, eng, mdl = (str(x) for x in res)
         return status, eng, mdl
+
+    async def unassign(self, program_id: str, request_id: str) -> bool:
+        """Undo a fresh assignment whose request was refused, if the program still names that request."""
+        return bool(await self._unassign(keys=[self._k.program(program_id)], args=[request_id]))
 
     async def credit_program(self, program_id: str, tokens: int) -> int:
         """Add a finished stage's output tokens to its program's attained service (0: program gone)."""
@@ -155,7 +161,7 @@ class QueueStore:
                     claimed_unix=now,
                 )
             )
-            assert out[-1].request.request_id == _s(rid)
+            assert out[-1].request.request_id == rid
         return out
 
     async def wait_for_work(self, engine: str, timeout_s: float) -> None:
@@ -170,7 +176,7 @@ class QueueStore:
         for rid, attempt in held.items():
             args += [rid, attempt]
         lost, cancelled = await self._renew(keys=[self._k.claims(engine)], args=args)
-        return RenewResult(frozenset(map(_s, lost)), frozenset(map(_s, cancelled)))
+        return RenewResult(frozenset(lost), frozenset(cancelled))
 
     async def publish_delta(self, engine: str, request_id: str, attempt: int, text: str) -> None:
         await self._r.xadd(
@@ -255,7 +261,7 @@ class QueueStore:
                 repr(time.time()),
             ],
         )
-        return _s(st)
+        return str(st)
 
     async def reap(self, engine: str) -> list[str]:
         """Re-queue requests whose worker's lease expired. Returns the re-queued ids."""
@@ -275,7 +281,7 @@ class QueueStore:
         )
         if ids:
             await self._r.rpush(k.wake(engine), 1)
-        return [_s(i) for i in ids]
+        return list(ids)
 
     async def read_events(self, engine: str, request_id: str, after: str, block_ms: int) -> list[OutputEvent]:
         """Events after stream id ``after`` ('0' for all), waiting up to ``block_ms`` for the first one."""
@@ -283,14 +289,8 @@ class QueueStore:
         out: list[OutputEvent] = []
         for _stream, entries in res or []:
             for sid, fields in entries:
-                raw = fields.get("ev") if "ev" in fields else fields.get(b"ev")
-                out.append(OutputEvent(_s(sid), json.loads(raw)))
+                out.append(OutputEvent(sid, json.loads(fields["ev"])))
         return out
 
     async def request_fields(self, engine: str, request_id: str) -> dict[str, str]:
-        raw = await self._r.hgetall(self._k.request(engine, request_id))
-        return {_s(a): _s(b) for a, b in raw.items()}
-
-
-def _s(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
+        return cast(dict[str, str], await self._r.hgetall(self._k.request(engine, request_id)))

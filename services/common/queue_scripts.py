@@ -1,8 +1,12 @@
-"""Lua scripts for every multi-key change to an engine's queue state.
+"""Every Lua script Chimera runs: each multi-key change to an engine's queue, a program or a job lease.
 
-NOTE(atomicity): each script touches only keys tagged with one engine (``{engine}``), so it runs in one slot
-of a Redis Cluster. Request hashes and output streams are addressed as ``ARGV`` prefix + request id; the
-prefix carries the same hash tag, which keeps those keys in the script's slot.
+Each script is headed by the ``KEYS`` and ``ARGV`` it takes and what it returns; ``QueueStore`` (queues and
+programs) and the export job (its lease) are their only callers.
+
+NOTE(atomicity): each queue script touches only keys tagged with one engine (``{engine}``), so it runs in one
+slot of a Redis Cluster; a program script touches its program's key only, a lease script the ``{jobs}``
+tag. Request hashes and output streams are addressed as ``ARGV`` prefix + request id; the prefix carries the
+same hash tag, which keeps those keys in the script's slot.
 
 Request states: queued -> running -> done | failed | cancelled. ``attempt`` counts claims; it fences every
 write a worker makes, so a worker whose lease expired (and whose request was re-run elsewhere) can never
@@ -192,4 +196,32 @@ return {'ok', f[1], f[2]}
 CREDIT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 return redis.call('HINCRBY', KEYS[1], 'attained', ARGV[1])
+"""
+
+# KEYS: program
+# ARGV: request_id
+# Undoes a fresh assignment (ASSIGN's 'new') whose request could not be enqueued, only if the program still
+# names that request: another stage may have taken it over meanwhile. Returns 1 if deleted, else 0.
+UNASSIGN = """
+if redis.call('HGET', KEYS[1], 'request_id') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# KEYS: lock, cursor
+# ARGV: token, lease_ms, field, value
+# Records the export cursor and renews the lease in one step, only while the lease is still ours.
+# Returns 1 if recorded, 0 if the lease was lost (another export took over: nothing changed).
+EXPORT_COMMIT = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+# KEYS: lock
+# ARGV: token
+# Deletes a lease only if it is still ours. Returns 1 if deleted, else 0.
+LEASE_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
 """

@@ -6,7 +6,8 @@ from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.common.config import CommonSettings
-from services.dispatcher.policy import POLICIES
+from services.policy.knobs import DEFAULT_KNOBS, DEFAULT_POLICY, Knobs
+from services.policy.registry import POLICIES
 
 
 class DispatcherSettings(CommonSettings):
@@ -39,21 +40,29 @@ class DispatcherSettings(CommonSettings):
         le=60,
         description="per-call predictor deadline; past it max_tokens is the prediction",
     )
-    policy: str = Field(default="chimera", description="scheduling policy name (services.dispatcher.policy)")
+    # The policy knobs' defaults live with the policy (services.policy.knobs), which the simulator shares.
+    policy: str = Field(
+        default=DEFAULT_POLICY, description="scheduling policy name (services/policy/README.md)"
+    )
     tau: float = Field(
-        default=0.5, ge=0, description="latency slack: a more confident engine may be this much slower"
+        default=DEFAULT_KNOBS.tau,
+        ge=0,
+        description="latency slack: a more confident engine may be this much slower",
     )
     delta_s: float = Field(
-        default=0.05, ge=0, le=1, description="confidence margin needed to leave the fastest engine"
+        default=DEFAULT_KNOBS.delta_s,
+        ge=0,
+        le=1,
+        description="confidence margin needed to leave the fastest engine",
     )
     aging_rate: float = Field(
-        default=20.0,
+        default=DEFAULT_KNOBS.aging_rate,
         gt=0,
         le=1e6,
         description="aging credit in tokens per second of waiting (anti-starvation)",
     )
     priority_cap_tokens: int = Field(
-        default=8192,
+        default=DEFAULT_KNOBS.priority_cap_tokens,
         ge=1,
         description="predictions above this count as this much for priority (bounds the wait)",
     )
@@ -90,3 +99,7 @@ class DispatcherSettings(CommonSettings):
         if v < default:
             raise ValueError("max_tokens_limit must be >= max_tokens_default")
         return v
+
+    def knobs(self) -> Knobs:
+        """The policy knobs as the pure policy functions take them."""
+        return Knobs(self.tau, self.delta_s, self.aging_rate, self.priority_cap_tokens)

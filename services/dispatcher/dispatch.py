@@ -7,22 +7,26 @@ calls, a duplicate-id probe) runs before the first write. The two writes are the
 An assignment without a queued request is harmless (a retried stage reuses it; its TTL collects it), and
 the one case where ENQUEUE still refuses after a fresh assignment (a duplicate id racing us) removes the
 assignment it just made.
+
+The decisions themselves (affinity, the policy's pick, the queue score) are the pure functions of
+``services.policy.routing``, the same ones the simulator's ledger calls.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from services.common.keys import ProgramField
 from services.common.queue import QueueStore
+from services.common.snapshot import read_engines
 from services.common.types import DispatchTimings, EngineSnapshot, OutcomeRow, Prediction, StageRequest
 from services.dispatcher.clients import ConfidenceSource, LengthSource
 from services.dispatcher.config import DispatcherSettings
@@ -33,58 +37,32 @@ from services.dispatcher.errors import (
     ModelNotFound,
     NoLiveEngine,
     StageConflict,
-    StoreUnavailable,
+    guarded,
 )
+from services.dispatcher.handoff import Dispatched, ProgramEnd, StreamItem
+from services.dispatcher.intake import Intake, next_stage, stage_request
 from services.dispatcher.metrics import DispatcherMetrics
-from services.dispatcher.policy import POLICIES, Selection, engine_load_ms
-from services.dispatcher.snapshot import read_engines
+from services.dispatcher.stream import stream_output
 from services.dispatcher.validate import Limits, check_id, validate_request
-
-if TYPE_CHECKING:
-    from services.dispatcher.stream import Final
+from services.policy import contract
+from services.policy.contract import JobSize
+from services.policy.estimates import engine_load_ms
+from services.policy.registry import POLICIES
+from services.policy.routing import (
+    AffinityConflict,
+    Assignment,
+    Route,
+    candidates,
+    choose,
+    fed_input,
+    follow,
+    queue_score,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# KEYS: program; ARGV: request_id. Undo a fresh assignment only if it is still ours.
-_UNASSIGN = """
-if redis.call('HGET', KEYS[1], 'request_id') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 OUTCOMES_MAXLEN = 1_000_000
-
-
-class RequestObserver(Protocol):
-    """Told exactly once how a dispatched request's output stream ended (metrics)."""
-
-    def finished(self, d: Dispatched, final: Final) -> None: ...
-
-    def failed_with(self, d: Dispatched, code: str) -> None: ...
-
-    def abandoned(self, d: Dispatched) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Dispatched:
-    """A request that is now waiting in an engine's queue."""
-
-    request: StageRequest
-    engine: str
-    model: str
-    prediction: Prediction
-    score: float
-    enqueued_unix: float
-    dispatch_ms: float  # router + predictor + policy + Redis, as the caller's Completion reports it
-    degraded: tuple[str, ...]  # dependencies that failed and were replaced by a fallback
-    branch: str = "new"  # new | pinned | reuse | reuse-race
-    observer: RequestObserver | None = None  # told how the request's stream ends
-    timings: DispatchTimings = DispatchTimings()  # the split of dispatch_ms
-
-
-@dataclass(frozen=True, slots=True)
-class ProgramEnd:
-    found: bool
-    cancelled_requests: int
 
 
 @dataclass(slots=True)
@@ -98,12 +76,24 @@ class _Timings:
         return DispatchTimings(self.router_ms, self.predictor_ms, self.policy_ms, self.redis_ms)
 
 
-def _s(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
-
-
 def _ms_since(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
+
+
+@contextlib.contextmanager
+def _policy_errors() -> Iterator[None]:
+    """The pure policy's refusals, as the front door's status-coded errors."""
+    try:
+        yield
+    except contract.NoLiveEngine as e:
+        raise NoLiveEngine(str(e)) from e
+    except AffinityConflict as e:
+        raise StageConflict(str(e)) from e
+
+
+def _assignment(program: Mapping[str, str]) -> Assignment:
+    f = ProgramField
+    return Assignment(program.get(f.ENGINE, ""), program.get(f.MODEL, ""), int(program.get(f.STAGE) or 0))
 
 
 class Dispatcher:
@@ -126,9 +116,9 @@ class Dispatcher:
         self._predictor = predictor
         self.settings = settings
         self._policy = POLICIES[settings.policy]
+        self._knobs = settings.knobs()
         self._clock = clock
         self._limits = Limits(settings.max_tokens_limit, settings.max_prompt_chars)
-        self._unassign = redis.register_script(_UNASSIGN)
 
     @property
     def redis(self) -> Redis:
@@ -137,15 +127,13 @@ class Dispatcher:
     async def _redis(self, t: _Timings, call: Awaitable[T]) -> T:
         t0 = time.perf_counter()
         try:
-            return await call
-        except (RedisConnectionError, RedisTimeoutError, OSError) as e:
-            raise StoreUnavailable(f"redis is unreachable: {e}") from e
+            return await guarded(call)
         finally:
             t.redis_ms += _ms_since(t0)
 
     async def _program(self, t: _Timings, program_id: str) -> dict[str, str]:
         raw = await self._redis(t, self._r.hgetall(self._keys.program(program_id)))
-        return {_s(a): _s(b) for a, b in raw.items()}
+        return cast(dict[str, str], raw)  # the client decodes responses
 
     async def engines(self) -> list[EngineSnapshot]:
         """Every registered engine as the policy sees it."""
@@ -153,10 +141,37 @@ class Dispatcher:
             _Timings(), read_engines(self._r, self._keys, self._clock(), self.settings.engine_dead_after_s)
         )
 
+    async def submit(self, intake: Intake) -> Dispatched:
+        """Both front doors' way in: resolve "the next stage", apply the defaults, dispatch.
+
+        Raises a ``DispatchError`` on refusal; nothing is written then.
+        """
+        started, t = time.perf_counter(), _Timings()
+
+        async def run() -> Dispatched:
+            check_id("program_id", intake.program_id)  # before it becomes part of a key name
+            program = await self._program(t, intake.program_id)
+            stage = next_stage(program) if intake.stage is None else intake.stage
+            req = stage_request(intake, stage, self.settings, self._clock())
+            validate_request(req, self._limits)
+            return await self._dispatch(req, program, t, started)
+
+        return await self._counted(run())
+
     async def dispatch(self, req: StageRequest) -> Dispatched:
-        """Validate, choose an engine, predict, and enqueue; raises a ``DispatchError`` on refusal."""
+        """Dispatch a request built elsewhere (tests, benchmarks); the doors use ``submit``."""
+        started, t = time.perf_counter(), _Timings()
+
+        async def run() -> Dispatched:
+            validate_request(req, self._limits)
+            program = await self._program(t, req.program_id)
+            return await self._dispatch(req, program, t, started)
+
+        return await self._counted(run())
+
+    async def _counted(self, call: Awaitable[Dispatched]) -> Dispatched:
         try:
-            return await self._dispatch(req)
+            return await call
         except DispatchError as e:
             self.metrics.refused(e.code)
             raise
@@ -164,27 +179,33 @@ class Dispatcher:
             self.metrics.refused("INTERNAL")
             raise
 
-    async def _dispatch(self, req: StageRequest) -> Dispatched:
-        started = time.perf_counter()
-        validate_request(req, self._limits)
-        t = _Timings()
+    def stream(self, d: Dispatched) -> AsyncIterator[StreamItem]:
+        """The dispatched request's output: deltas, then exactly one ``Final`` (see ``stream_output``)."""
+        return stream_output(self.store, self._r, d, self.settings.stream_block_ms)
+
+    async def _dispatch(
+        self, req: StageRequest, program: Mapping[str, str], t: _Timings, started: float
+    ) -> Dispatched:
+        """Everything after validation and the program lookup, which ``submit`` and ``dispatch`` do."""
         k = self._keys
-        program = await self._program(t, req.program_id)
         engines = await self._redis(
             t, read_engines(self._r, k, self._clock(), self.settings.engine_dead_after_s)
         )
         degraded: list[str] = []
         if req.model_pin is not None and req.model_pin not in {e.model for e in engines}:
             raise ModelNotFound(f"no registered engine serves model {req.model_pin!r}")
-        selection: Selection | None = None
         confidences: Mapping[str, float] = {}
-        if program:
-            engine, model = self._reuse(req, program, engines)
-            branch = "reuse"
-        else:
-            selection, confidences = await self._choose(req, engines, t, degraded)
-            engine, model = selection.engine_id, selection.model
-            branch = "pinned" if req.model_pin is not None else "new"
+        with _policy_errors():
+            if program:
+                route = follow(req.program_id, _assignment(program), engines, req.stage, req.model_pin)
+            else:
+                pool = candidates(engines, req.model_pin)
+                if req.model_pin is None:
+                    confidences = await self._confidences(req, pool, t, degraded)
+                t0 = time.perf_counter()
+                route = choose(self._policy, pool, confidences, self._knobs, req.model_pin)
+                t.policy_ms += _ms_since(t0)
+        engine, model, branch = route.engine_id, route.model, str(route.branch)
         # A retried request usually finds its first copy here, before anything is written; ENQUEUE stays
         # the authority for the rare retry that races its original.
         if await self._redis(t, self._r.exists(k.request(engine, req.request_id))):
@@ -214,16 +235,16 @@ class Dispatcher:
             engine, model, branch = assigned, assigned_model, "reuse-race"
         t_enq = self._clock()
         t0 = time.perf_counter()
-        attained = int(program.get("attained", "0") or 0)  # 0 on a first stage: nothing finished yet
-        fed = attained if self._policy.priority_input == "attained" else pred.p50
-        score = self._policy.priority(fed, t_enq, self.settings.aging_rate, self.settings.priority_cap_tokens)
+        # attained is 0 on a first stage: nothing has finished yet.
+        size = JobSize(predicted_total=pred.p50, attained=int(program.get(ProgramField.ATTAINED) or 0))
+        score = queue_score(self._policy, size, t_enq, self._knobs)
         t.policy_ms += _ms_since(t0)
-        decision = self._record(branch, engine, model, selection, engines, pred, score, t_enq, degraded, t)
+        decision = self._record(branch, engine, model, route, engines, pred, size, score, t_enq, degraded, t)
         decision["dispatch_ms_before_enqueue"] = _ms_since(started)
         ok = await self._redis(t, self.store.enqueue(engine, req, pred, score, t_enq, decision))
         if not ok:
             if status == "new":
-                await self._redis(t, self._unassign(keys=[k.program(req.program_id)], args=[req.request_id]))
+                await self._redis(t, self.store.unassign(req.program_id, req.request_id))
             raise DuplicateRequest(f"request {req.request_id} already exists")
         d = Dispatched(
             req,
@@ -240,39 +261,6 @@ class Dispatcher:
         )
         self.metrics.accepted(d, branch, dict(confidences))
         return d
-
-    async def _choose(
-        self, req: StageRequest, engines: Sequence[EngineSnapshot], t: _Timings, degraded: list[str]
-    ) -> tuple[Selection, Mapping[str, float]]:
-        """First stage: ask the router (unless pinned) and run the selection policy over live engines."""
-        pool = [e for e in engines if req.model_pin is None or e.model == req.model_pin]
-        if not any(e.alive for e in pool):
-            raise NoLiveEngine("no live engine" + (f" serves {req.model_pin!r}" if req.model_pin else ""))
-        # A pinned model needs no confidences: the policy then simply picks its least-loaded engine.
-        confidences = {} if req.model_pin else await self._confidences(req, pool, t, degraded)
-        t0 = time.perf_counter()
-        s = self.settings
-        selection = self._policy.select(pool, confidences, s.tau, s.delta_s)
-        t.policy_ms += _ms_since(t0)
-        return selection, confidences
-
-    def _reuse(
-        self, req: StageRequest, program: Mapping[str, str], engines: Sequence[EngineSnapshot]
-    ) -> tuple[str, str]:
-        engine, model = program.get("engine", ""), program.get("model", "")
-        if req.model_pin is not None and req.model_pin != model:
-            raise StageConflict(
-                f"program {req.program_id} runs on {model!r}, not the pinned {req.model_pin!r}"
-            )
-        if req.stage < int(program.get("stage", "0") or 0):
-            raise StageConflict(
-                f"stage {req.stage} is behind the program's last stage {program.get('stage')}"
-            )
-        snap = next((e for e in engines if e.engine_id == engine), None)
-        if snap is None or not snap.alive:
-            # Affinity is the rule (paper §2.4): the workflow's context lives on that engine's model.
-            raise NoLiveEngine(f"engine {engine!r} of program {req.program_id} is not alive")
-        return engine, model
 
     async def _confidences(
         self, req: StageRequest, pool: Sequence[EngineSnapshot], t: _Timings, degraded: list[str]
@@ -312,9 +300,10 @@ class Dispatcher:
         branch: str,
         engine: str,
         model: str,
-        selection: Selection | None,
+        route: Route,
         engines: Sequence[EngineSnapshot],
         pred: Prediction,
+        size: JobSize,
         score: float,
         t_enq: float,
         degraded: Sequence[str],
@@ -327,13 +316,14 @@ class Dispatcher:
             "branch": branch,
             "engine": engine,
             "model": model,
-            "selection": selection.to_record() if selection else None,
+            "selection": route.selection.to_record() if route.selection else None,
             "loads_ms": {e.engine_id: engine_load_ms(e) for e in engines},
             "alive": {e.engine_id: e.alive for e in engines},
             "tau": s.tau,
             "delta_s": s.delta_s,
             "y": pred.p50,
             "y90": pred.p90,
+            "priority_input": fed_input(self._policy, size).value,
             "score": score,
             "aging_rate": s.aging_rate,
             "priority_cap_tokens": s.priority_cap_tokens,
@@ -352,18 +342,18 @@ class Dispatcher:
         check_id("program_id", program_id)
         if outcome is not None and not 0.0 <= outcome <= 1.0:
             raise InvalidRequest(f"outcome must be in [0, 1], got {outcome}")
-        t, k = _Timings(), self._keys
+        t, k, f = _Timings(), self._keys, ProgramField
         program = await self._program(t, program_id)
         if not program:
             return ProgramEnd(found=False, cancelled_requests=0)
-        engine, rid = program.get("engine", ""), program.get("request_id", "")
+        engine, rid = program.get(f.ENGINE, ""), program.get(f.REQUEST_ID, "")
         cancelled = 0
         if engine and rid:
             state = await self._redis(t, self.store.cancel(engine, rid, reason="program ended"))
             cancelled = int(state in ("queued", "running"))
         if outcome is not None:
             row = OutcomeRow(
-                program_id, program.get("workflow", ""), program.get("model", ""), engine, outcome
+                program_id, program.get(f.WORKFLOW, ""), program.get(f.MODEL, ""), engine, outcome
             )
             await self._redis(
                 t,

@@ -1,10 +1,21 @@
-"""Domain errors of the front door. ``server.py`` maps each one to a gRPC status code, in one place.
+"""Domain errors of the front door, and the one guard that turns Redis going away into one of them.
 
-Every error carries the *name* of its status code rather than a ``grpc.StatusCode`` so that the domain
-modules (and the pure policy) import nothing from gRPC.
+``server.py`` maps each error to a gRPC status code, in one place (``grpc_status.status_codes``), and the
+HTTP door maps the same codes to HTTP errors. Every error carries the *name* of its status code rather than
+a ``grpc.StatusCode`` so that the domain modules import nothing from gRPC.
 """
 
 from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+T = TypeVar("T")
+# What "Redis is unreachable" looks like from redis-py: nothing was decided, the caller may retry.
+REDIS_DOWN: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
 class DispatchError(Exception):
@@ -55,3 +66,11 @@ class RequestFailed(DispatchError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+async def guarded(call: Awaitable[T]) -> T:
+    """Await a Redis call; Redis going away becomes ``StoreUnavailable`` (UNAVAILABLE / HTTP 503)."""
+    try:
+        return await call
+    except REDIS_DOWN as e:
+        raise StoreUnavailable(f"redis is unreachable: {e}") from e

@@ -32,13 +32,13 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.common.types import ChatMessage, SamplingParams, StageRequest
-from services.dispatcher.dispatch import Dispatched, Dispatcher
-from services.dispatcher.errors import DispatchError, InvalidRequest, StoreUnavailable
+from services.common.types import ChatMessage
+from services.dispatcher.dispatch import Dispatcher
+from services.dispatcher.errors import DispatchError, InvalidRequest
+from services.dispatcher.handoff import Delta, Dispatched, Final
+from services.dispatcher.intake import Intake
 from services.dispatcher.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -48,7 +48,6 @@ from services.dispatcher.openai_schema import (
     domain_error,
     error_body,
 )
-from services.dispatcher.stream import Delta, Final, stream_output
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +65,7 @@ class Identity:
     stage: int | None
     workflow: str
     one_shot: bool
-    request_id: str
+    request_id: str  # "": the dispatcher makes one
     timeout_ms: int
 
 
@@ -97,7 +96,7 @@ def resolve_identity(headers: Mapping[str, str], metadata: Mapping[str, str] | N
         stage=0 if one_shot else _int("stage", pick(H_STAGE, "stage"), None),
         workflow=(pick(H_WORKFLOW, "workflow") or "").strip() or DEFAULT_WORKFLOW,
         one_shot=one_shot,
-        request_id=(pick(H_REQUEST, "request_id") or "").strip() or uuid.uuid4().hex,
+        request_id=(pick(H_REQUEST, "request_id") or "").strip(),
         timeout_ms=_int("timeout_ms", pick(H_TIMEOUT, "timeout_ms"), 0) or 0,
     )
 
@@ -165,35 +164,31 @@ class OpenAIFrontDoor:
         request: Request,
     ) -> Response:
         ident = resolve_identity(request.headers, body.metadata)
-        stage = ident.stage if ident.stage is not None else await self._next_stage(ident.program_id)
-        s, now = self._d.settings, time.time()
-        req = StageRequest(
-            request_id=ident.request_id,
+        intake = Intake(
             program_id=ident.program_id,
-            stage=stage,
+            stage=ident.stage,
             workflow=ident.workflow,
             messages=messages,
-            sampling=SamplingParams(
-                max_tokens=max_tokens or s.max_tokens_default,
-                temperature=body.temperature,
-                top_p=body.top_p,
-                seed=body.seed,
-                stop=body.stop_sequences(),
-            ),
-            model_pin=None if body.model.strip() in ("", "auto") else body.model.strip(),
-            deadline_unix=now + ident.timeout_ms / 1000.0 if ident.timeout_ms else None,
-            received_unix=now,
+            max_tokens=max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=body.seed,
+            stop=body.stop_sequences(),
+            model=body.model,
+            request_id=ident.request_id,
+            timeout_ms=ident.timeout_ms,
         )
         try:
-            dispatched = await self._d.dispatch(req)
+            dispatched = await self._d.submit(intake)
         except BaseException:
             if ident.one_shot:
                 await self._end_quietly(ident.program_id)
             raise
+        stage = dispatched.request.stage
         headers = {
             "X-Chimera-Program-Id": ident.program_id,
             "X-Chimera-Stage": str(stage),
-            "X-Chimera-Request-Id": req.request_id,
+            "X-Chimera-Request-Id": dispatched.request.request_id,
             "X-Chimera-Engine": dispatched.engine,
             "X-Chimera-Model": dispatched.model,
         }
@@ -209,21 +204,11 @@ class OpenAIFrontDoor:
             return Response(status_code=499)  # the caller is gone; nobody reads this
         return JSONResponse(completion_body(kind, final, ident.program_id, stage), headers=headers)
 
-    async def _next_stage(self, program_id: str) -> int:
-        redis, keys = self._d.redis, self._d.store.keys
-        try:
-            last = await redis.hget(keys.program(program_id), "stage")
-        except (RedisConnectionError, RedisTimeoutError, OSError) as e:
-            raise StoreUnavailable(f"redis is unreachable: {e}") from e
-        return 0 if last is None else int(last) + 1
-
     async def _final(self, d: Dispatched, request: Request) -> Final | None:
         """The request's Final; None (and the request cancelled) if the HTTP caller disconnects first."""
 
         async def last() -> Final:
-            async for item in stream_output(
-                self._d.store, self._d.redis, d, self._d.settings.stream_block_ms
-            ):
+            async for item in self._d.stream(d):
                 if isinstance(item, Final):
                     return item
             raise AssertionError("stream_output ends with a Final or raises")
@@ -251,9 +236,7 @@ class OpenAIFrontDoor:
         try:
             if kind == "chat":
                 yield _sse(chunk_body(kind, rid, model, created, text="", role=True))
-            async for item in stream_output(
-                self._d.store, self._d.redis, d, self._d.settings.stream_block_ms
-            ):
+            async for item in self._d.stream(d):
                 if isinstance(item, Delta):
                     first_attempt = first_attempt or item.attempt
                     if item.attempt == first_attempt and item.text:

@@ -24,7 +24,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -33,7 +32,7 @@ from redis import Redis as SyncRedis
 from redis.exceptions import RedisError
 
 from services.common.jobruns import JobRunsCollector
-from services.common.keys import Keys
+from services.common.keys import Keys, ProgramField, RequestField
 from services.common.metrics import (
     CONFIDENCE_BUCKETS,
     LATENCY_BUCKETS,
@@ -43,13 +42,10 @@ from services.common.metrics import (
     confidence_bucket,
     start_exporter,
 )
+from services.common.snapshot import parse_engine
 from services.common.types import EngineSnapshot
 from services.dispatcher.config import DispatcherSettings
-from services.dispatcher.snapshot import parse_engine
-
-if TYPE_CHECKING:
-    from services.dispatcher.dispatch import Dispatched
-    from services.dispatcher.stream import Final
+from services.dispatcher.handoff import Dispatched, Final
 
 log = logging.getLogger(__name__)
 NS = "chimera_dispatcher"
@@ -235,9 +231,9 @@ class DispatcherMetrics:
             self.token_ratio.labels(st.model).observe(st.realized / max(1, st.predicted))
         if outcome is None:
             return
-        model = program.get("model", "")
+        model = program.get(ProgramField.MODEL, "")
         try:
-            q = json.loads(program.get("confidences") or "{}").get(model)
+            q = json.loads(program.get(ProgramField.CONFIDENCES) or "{}").get(model)
         except (ValueError, AttributeError):
             q = None
         if q is None:
@@ -334,7 +330,7 @@ class EngineCollector(Collector):
         pipe = self._r.pipeline(transaction=False)
         for eid, rids in zip(ids, waiting, strict=True):
             for rid in rids:
-                pipe.hget(k.request(eid, rid), "t_enq")
+                pipe.hget(k.request(eid, rid), RequestField.T_ENQ)
         t_enq = iter(pipe.execute())
         ages = []
         for rids in waiting:

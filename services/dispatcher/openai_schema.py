@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.dispatcher.stream import Final
+from services.dispatcher.handoff import Final
 
 # Domain error code (a gRPC status name) -> (HTTP status, OpenAI error type). One table, used everywhere.
 HTTP_ERRORS: Mapping[str, tuple[int, str]] = {

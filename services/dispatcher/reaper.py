@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import cast
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -17,14 +18,10 @@ from services.common.queue import QueueStore
 log = logging.getLogger(__name__)
 
 
-def _s(x: object) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
-
-
 async def reap_once(store: QueueStore, redis: Redis) -> dict[str, list[str]]:
     """Reap every registered engine once. Returns engine -> re-queued request ids (non-empty only)."""
     out: dict[str, list[str]] = {}
-    for engine in sorted(_s(e) for e in await redis.smembers(store.keys.engines())):
+    for engine in sorted(cast(set[str], await redis.smembers(store.keys.engines()))):
         ids = await store.reap(engine)
         if ids:
             out[engine] = ids

@@ -6,10 +6,8 @@ import asyncio
 import contextlib
 import logging
 import signal
-import time
-import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Protocol
 
 import grpc
@@ -19,42 +17,46 @@ from redis.asyncio import Redis
 
 from chimera.dispatcher.v1 import dispatcher_pb2 as pb
 from chimera.dispatcher.v1 import dispatcher_pb2_grpc
-from services.common.types import ChatMessage, SamplingParams, StageRequest
-from services.dispatcher.config import DispatcherSettings
+from services.common.grpc_status import status_codes
+from services.common.types import ChatMessage
 from services.dispatcher.dispatch import Dispatcher
 from services.dispatcher.errors import DispatchError
+from services.dispatcher.handoff import Delta, Final
+from services.dispatcher.intake import Intake
 from services.dispatcher.reaper import reap_forever
-from services.dispatcher.stream import Delta, Final, stream_output
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Dispatcher"].full_name
 
 
-def to_stage_request(
-    msg: pb.GenerateRequest, settings: DispatcherSettings, clock: Callable[[], float] = time.time
-) -> StageRequest:
-    """Convert a GenerateRequest, filling the proto's "0 means default" fields. Validation is domain work."""
-    now = clock()
+def intake_of(msg: pb.GenerateRequest) -> Intake:
+    """A GenerateRequest as the intake takes it: proto3's zero values are "unset" and become None or 1."""
     s = msg.sampling
-    model = msg.model.strip()
-    return StageRequest(
-        request_id=msg.request_id or uuid.uuid4().hex,
+    return Intake(
         program_id=msg.program_id,
         stage=msg.stage,
         workflow=msg.workflow,
         messages=tuple(ChatMessage(m.role, m.content) for m in msg.messages),
-        sampling=SamplingParams(
-            max_tokens=s.max_tokens or settings.max_tokens_default,
-            temperature=s.temperature,
-            top_p=s.top_p or 1.0,
-            seed=s.seed if s.HasField("seed") else None,
-            stop=tuple(s.stop),
-        ),
-        model_pin=None if model in ("", "auto") else model,
-        deadline_unix=now + msg.timeout_ms / 1000.0 if msg.timeout_ms else None,
-        received_unix=now,
+        max_tokens=s.max_tokens or None,
+        temperature=s.temperature,
+        top_p=s.top_p or 1.0,
+        seed=s.seed if s.HasField("seed") else None,
+        stop=tuple(s.stop),
+        model=msg.model,
+        request_id=msg.request_id,
+        timeout_ms=msg.timeout_ms,
     )
+
+
+def _code(e: Exception) -> grpc.StatusCode | None:
+    # Domain errors carry their status code's name; a name gRPC does not know is a bug, hence INTERNAL.
+    if isinstance(e, DispatchError):
+        return getattr(grpc.StatusCode, e.code, grpc.StatusCode.INTERNAL)
+    return None
+
+
+_status_codes = status_codes(_code, log, "dispatcher error; see its log")
 
 
 def _completion(f: Final) -> pb.Completion:
@@ -80,55 +82,35 @@ def _completion(f: Final) -> pb.Completion:
     )
 
 
-async def _abort(context: grpc.aio.ServicerContext, e: Exception) -> None:
-    """The one place where errors become gRPC status codes; anything unexpected is INTERNAL and logged."""
-    if isinstance(e, DispatchError):
-        code, message = getattr(grpc.StatusCode, e.code, grpc.StatusCode.INTERNAL), str(e) or e.code
-    else:
-        log.error("dispatcher call failed", exc_info=e)
-        code, message = grpc.StatusCode.INTERNAL, "dispatcher error; see its log"
-    await context.abort(code, message)
-
-
 class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):  # type: ignore[misc]
     def __init__(self, dispatcher: Dispatcher) -> None:
         self._d = dispatcher
 
+    @_status_codes
     async def Generate(  # noqa: N802 (gRPC method name)
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
-        s = self._d.settings
-        try:
-            dispatched = await self._d.dispatch(to_stage_request(request, s))
-            async for item in stream_output(self._d.store, self._d.redis, dispatched, s.stream_block_ms):
-                if isinstance(item, Delta):
-                    yield pb.GenerateResponse(delta=pb.TextDelta(text=item.text, attempt=item.attempt))
-                else:
-                    yield pb.GenerateResponse(final=_completion(item))
-        except Exception as e:  # mapped in _abort
-            await _abort(context, e)
+        dispatched = await self._d.submit(intake_of(request))
+        async for item in self._d.stream(dispatched):
+            if isinstance(item, Delta):
+                yield pb.GenerateResponse(delta=pb.TextDelta(text=item.text, attempt=item.attempt))
+            else:
+                yield pb.GenerateResponse(final=_completion(item))
 
+    @_status_codes
     async def EndProgram(  # noqa: N802
         self, request: pb.EndProgramRequest, context: grpc.aio.ServicerContext
     ) -> pb.EndProgramResponse:
         outcome = request.outcome if request.HasField("outcome") else None
-        try:
-            end = await self._d.end_program(request.program_id, outcome)
-        except Exception as e:  # mapped in _abort
-            await _abort(context, e)
-            raise AssertionError("unreachable: abort raises") from e
+        end = await self._d.end_program(request.program_id, outcome)
         return pb.EndProgramResponse(found=end.found, cancelled_requests=end.cancelled_requests)
 
+    @_status_codes
     async def ListModels(  # noqa: N802
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListModelsResponse:
-        try:
-            engines = await self._d.engines()
-        except Exception as e:  # mapped in _abort
-            await _abort(context, e)
-            raise AssertionError("unreachable: abort raises") from e
         by_model: dict[str, list[pb.EngineStatus]] = defaultdict(list)
-        for snap in engines:
+        for snap in await self._d.engines():
             by_model[snap.model].append(
                 pb.EngineStatus(
                     engine_id=snap.engine_id,

@@ -12,57 +12,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from services.common.keys import RequestField
 from services.common.queue import QueueStore
-from services.common.types import DispatchTimings
-from services.dispatcher.dispatch import Dispatched
-from services.dispatcher.errors import DeadlineExceeded, DispatchError, RequestFailed, StoreUnavailable
+from services.dispatcher.errors import (
+    REDIS_DOWN,
+    DeadlineExceeded,
+    DispatchError,
+    RequestFailed,
+    guarded,
+)
+from services.dispatcher.handoff import Delta, Dispatched, Final, StreamItem
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
+# What may stop a best-effort cancel: the caller's own cancellation, or Redis being away.
+_CANCEL_FAILED: tuple[type[BaseException], ...] = (asyncio.CancelledError, *REDIS_DOWN)
 
 
-@dataclass(frozen=True, slots=True)
-class Delta:
-    text: str
-    attempt: int
-
-
-@dataclass(frozen=True, slots=True)
-class Final:
-    request_id: str
-    text: str
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    model: str
-    engine: str
-    queue_wait_s: float
-    e2e_s: float
-    predicted_tokens: int
-    predicted_tokens_p90: int
-    attempts: int
-    dispatch_ms: float
-    timings: DispatchTimings = DispatchTimings()
-
-
-StreamItem = Delta | Final
-
-
-def _str(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
-
-
-def _f(fields: dict[str, str], name: str) -> float | None:
+def _f(fields: Mapping[str, object], name: str) -> float | None:
     try:
-        return float(fields[name])
+        return float(str(fields[name]))
     except (KeyError, ValueError):
         return None
 
@@ -82,10 +55,10 @@ async def stream_output(
     after, best_attempt, finished, reported = "0", 0, False, False
     try:
         while True:
-            events = await _io(store.read_events(engine, rid, after, _wait_ms(d, block_ms, clock)))
+            events = await guarded(store.read_events(engine, rid, after, _wait_ms(d, block_ms, clock)))
             if not events:
                 # Cheap liveness probe (never the whole hash: it holds the prompt).
-                if not await _io(redis.exists(store.keys.request(engine, rid))):
+                if not await guarded(redis.exists(store.keys.request(engine, rid))):
                     finished = True
                     raise RequestFailed("UNAVAILABLE", f"request {rid} expired before it finished")
                 continue
@@ -121,7 +94,7 @@ async def _credit_quietly(store: QueueStore, program_id: str, tokens: int) -> No
     """Attained-service bookkeeping must never cost the caller its answer."""
     try:
         await store.credit_program(program_id, tokens)
-    except (RedisConnectionError, RedisTimeoutError, OSError) as e:
+    except REDIS_DOWN as e:
         log.warning("could not credit %d tokens to program %s: %s", tokens, program_id, e)
 
 
@@ -150,12 +123,13 @@ def _report(d: Dispatched, end: Final | str | None) -> bool:
 async def _final(
     store: QueueStore, redis: Redis, d: Dispatched, ev: dict[str, Any], clock: Callable[[], float]
 ) -> Final:
-    names = ("t_enq", "t_first_claim", "attempt")
-    raw = await _io(redis.hmget(store.keys.request(d.engine, d.request.request_id), list(names)))
-    fields = {n: _str(v) for n, v in zip(names, raw, strict=True) if v is not None}
-    t_enq, t_claim = _f(fields, "t_enq"), _f(fields, "t_first_claim")
+    f = RequestField
+    names = (f.T_ENQ, f.T_FIRST_CLAIM, f.ATTEMPT)
+    raw = await guarded(redis.hmget(store.keys.request(d.engine, d.request.request_id), list(names)))
+    fields = {n: v for n, v in zip(names, raw, strict=True) if v is not None}
+    t_enq, t_claim = _f(fields, f.T_ENQ), _f(fields, f.T_FIRST_CLAIM)
     queue_wait = max(0.0, t_claim - t_enq) if t_enq is not None and t_claim is not None else 0.0
-    attempts = int(_f(fields, "attempt") or ev.get("a") or 0)
+    attempts = int(_f(fields, f.ATTEMPT) or ev.get("a") or 0)
     received = d.request.received_unix or d.enqueued_unix
     return Final(
         request_id=d.request.request_id,
@@ -175,17 +149,10 @@ async def _final(
     )
 
 
-async def _io(call: Awaitable[T]) -> T:
-    try:
-        return await call
-    except (RedisConnectionError, RedisTimeoutError, OSError) as e:
-        raise StoreUnavailable(f"redis is unreachable: {e}") from e
-
-
 async def _cancel_quietly(store: QueueStore, engine: str, rid: str) -> None:
     # Runs while the caller's task is being cancelled: shield the one Redis call so it completes.
     try:
         state = await asyncio.shield(store.cancel(engine, rid, reason="caller went away"))
         log.info("cancelled request %s (was %s)", rid, state)
-    except (asyncio.CancelledError, RedisConnectionError, RedisTimeoutError, OSError) as e:
+    except _CANCEL_FAILED as e:
         log.warning("could not cancel request %s: %r", rid, e)

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from services.common.keys import Keys
 from services.inspect.config import InspectSettings
-from services.inspect.explain import Explanation, RequestNotFound, explain
+from services.inspect.explain import COST_LABELS, Explanation, RequestNotFound, explain
 from services.inspect.queue_view import EngineQueue, QueueView, WaitingRequest, queue_view
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -131,6 +131,10 @@ def render_queue(console: Console, view: QueueView) -> None:
     console.print(p)
 
 
+def _test(ok: bool | None) -> str:
+    return "n/a" if ok is None else "pass" if ok else "fail"
+
+
 def render_explanation(console: Console, e: Explanation) -> None:
     console.rule(f"[bold]{e.request_id}[/]: {e.state} on {e.engine} ({e.model})")
     console.print(
@@ -138,8 +142,16 @@ def render_explanation(console: Console, e: Explanation) -> None:
         f"decision branch [bold]{e.branch}[/]; tau {e.tau:g}, delta_s {e.delta_s:g}"
     )
     if e.candidates:
-        t = Table(title="why this model: Algorithm 1's scan, most confident first", title_justify="left")
-        for col in ("engine", "model", "q", "L (ms)", "slack test", "margin test", ""):
+        t = Table(title=f"why this model: policy {e.policy}'s scan", title_justify="left")
+        for col in (
+            "engine",
+            "model",
+            "q",
+            COST_LABELS.get(e.cost_name, "cost"),
+            "slack test",
+            "margin test",
+            "",
+        ):
             t.add_column(col)
         for c in e.candidates:
             marks = " ".join(m for m, on in (("chosen", c.chosen), ("fastest", c.fastest)) if on)
@@ -147,9 +159,9 @@ def render_explanation(console: Console, e: Explanation) -> None:
                 c.engine,
                 c.model,
                 f"{c.q:.3f}",
-                f"{c.load_ms:.1f}",
-                "pass" if c.slack_ok else "fail",
-                "pass" if c.margin_ok else "fail",
+                f"{c.cost:.1f}",
+                _test(c.slack_ok),
+                _test(c.margin_ok),
                 marks,
             )
         console.print(t)

@@ -1,8 +1,9 @@
 """``explain``: why a request went to its model, and why it sits where it does in that engine's queue.
 
 Both answers come from the decision record the dispatcher stored in the request's hash (field ``decision``)
-at dispatch time, plus the queue as it is now. ``recheck`` re-runs Algorithm 1's tests on the recorded
-q[m] and L[m], so an explanation that disagrees with the decision it explains is flagged, not trusted.
+at dispatch time, plus the queue as it is now. For the paper's rule (engines compared by L[m]), ``recheck``
+re-runs Algorithm 1's tests on the recorded q[m] and L[m], so an explanation that disagrees with the
+decision it explains is flagged, not trusted; other rules are shown as recorded.
 """
 
 from __future__ import annotations
@@ -12,15 +13,18 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import Redis
 
-from services.common.keys import Keys
+from services.common.keys import Keys, RequestField
 from services.inspect.queue_view import WaitingRequest, effective_priority, engine_ids, waiting_requests
 
 # The policy's own tolerance for boundary ties (L == bound, q == q_fast + delta_s).
 _EPS = 1e-12
+# The cost name of a selection made by Algorithm 1 on the paper's L[m]: the only one ``recheck`` re-derives.
+ALGORITHM1_COST = "load_ms"
+COST_LABELS = {"load_ms": "L (ms)", "completion_ms": "completion (ms)", "vllm_score": "4·waiting + running"}
 
 
 class RequestNotFound(LookupError):
@@ -32,9 +36,9 @@ class Candidate:
     engine: str
     model: str
     q: float
-    load_ms: float
-    slack_ok: bool  # L <= (1 + tau) * L_fast
-    margin_ok: bool  # q >= q_fast + delta_s
+    cost: float  # what the policy compared engines by (Explanation.cost_name)
+    slack_ok: bool | None  # cost <= (1 + tau) * cost_fast; None: the policy has no such test
+    margin_ok: bool | None  # q >= q_fast + margin; None: the policy has no such test
     fastest: bool
     chosen: bool
 
@@ -60,11 +64,12 @@ class Explanation:
     attempt: int
     policy: str
     branch: str  # new | pinned | reuse | reuse-race
-    candidates: tuple[Candidate, ...]  # Algorithm 1's scan (descending q); empty unless branch new/pinned
+    candidates: tuple[Candidate, ...]  # the policy's scan; empty unless branch new/pinned
+    cost_name: str  # what Candidate.cost holds: load_ms (L[m]), completion_ms, vllm_score
     loads_ms: Mapping[str, float]  # every engine's L[m] when the request was dispatched
     tau: float
     delta_s: float
-    recheck: Recheck | None
+    recheck: Recheck | None  # only for Algorithm 1 on L[m]
     degraded: tuple[str, ...]
     predicted_tokens: int
     predicted_tokens_p90: int
@@ -81,10 +86,6 @@ class Explanation:
     reasons: tuple[str, ...]
 
 
-def _s(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
-
-
 def _num(x: Any, default: float = 0.0) -> float:
     try:
         return float(x)  # the record writes inf as the string 'inf'
@@ -93,18 +94,18 @@ def _num(x: Any, default: float = 0.0) -> float:
 
 
 def recheck(candidates: Sequence[Candidate], tau: float, delta_s: float, recorded_engine: str) -> Recheck:
-    """Algorithm 1 (``services.dispatcher.policy.select_engine``) over the recorded q and L.
+    """Algorithm 1 (``services.policy.chimera.select_engine``) over the recorded q and L.
 
     ``candidates`` are in the recorded scan order (descending q, then load); the recorded fastest engine is
     kept because its tie-break (decode speed) is not in the record, but it must have the least load.
     """
-    fast = next((c for c in candidates if c.fastest), None) or min(candidates, key=lambda c: c.load_ms)
-    bound = fast.load_ms * (1.0 + tau) if fast.load_ms > 0 else 0.0
+    fast = next((c for c in candidates if c.fastest), None) or min(candidates, key=lambda c: c.cost)
+    bound = fast.cost * (1.0 + tau) if fast.cost > 0 else 0.0
     need = fast.q + delta_s
-    tests = [(c.load_ms <= bound + _EPS, c.q >= need - _EPS) for c in candidates]
+    tests = [(c.cost <= bound + _EPS, c.q >= need - _EPS) for c in candidates]
     winner = next((c for c, (slack, margin) in zip(candidates, tests, strict=True) if slack and margin), fast)
     consistent = (
-        fast.load_ms <= min(c.load_ms for c in candidates) + _EPS
+        fast.cost <= min(c.cost for c in candidates) + _EPS
         and all(t == (c.slack_ok, c.margin_ok) for c, t in zip(candidates, tests, strict=True))
         and winner.engine == recorded_engine
     )
@@ -112,21 +113,25 @@ def recheck(candidates: Sequence[Candidate], tau: float, delta_s: float, recorde
 
 
 def candidates_from_record(selection: Mapping[str, Any]) -> tuple[Candidate, ...]:
-    """Algorithm 1's scan as the decision record (``Selection.to_record``) stored it."""
+    """The policy's scan as the decision record (``Selection.to_record``) stored it."""
     fast, chosen = selection.get("fast_engine"), selection.get("engine")
     return tuple(
         Candidate(
             engine=str(c["engine"]),
             model=str(c["model"]),
             q=_num(c["q"]),
-            load_ms=_num(c["load_ms"]),
-            slack_ok=bool(c["slack_ok"]),
-            margin_ok=bool(c["margin_ok"]),
+            cost=_num(c["cost"]),
+            slack_ok=_test(c.get("slack_ok")),
+            margin_ok=_test(c.get("margin_ok")),
             fastest=c["engine"] == fast,
             chosen=c["engine"] == chosen,
         )
         for c in selection.get("candidates", ())
     )
+
+
+def _test(x: Any) -> bool | None:
+    return None if x is None else bool(x)
 
 
 def reasons(e: Explanation) -> tuple[str, ...]:
@@ -146,16 +151,23 @@ def reasons(e: Explanation) -> tuple[str, ...]:
             out.append(
                 f"{chosen.engine} ({chosen.model}) left the least-loaded {fast.engine}: its confidence "
                 f"q={chosen.q:.3f} >= q_fast + delta_s = {e.recheck.margin_needed:.3f}, and its load "
-                f"L={chosen.load_ms:.1f} ms <= (1 + tau) * L_fast = {e.recheck.slack_bound_ms:.1f} ms"
+                f"L={chosen.cost:.1f} ms <= (1 + tau) * L_fast = {e.recheck.slack_bound_ms:.1f} ms"
             )
         else:
             out.append(
-                f"{fast.engine} ({fast.model}) is the least-loaded engine (L={fast.load_ms:.1f} ms) and no "
+                f"{fast.engine} ({fast.model}) is the least-loaded engine (L={fast.cost:.1f} ms) and no "
                 f"engine passed both the slack test (L <= {e.recheck.slack_bound_ms:.1f} ms) and the margin "
                 f"test (q >= {e.recheck.margin_needed:.3f})"
             )
         if not e.recheck.consistent:
             out.append(f"WARNING: re-running the tests on the record picks {e.recheck.engine}")
+    elif e.candidates:
+        chosen = next(c for c in e.candidates if c.chosen)
+        label = COST_LABELS.get(e.cost_name, e.cost_name)
+        out.append(
+            f"policy {e.policy} chose {chosen.engine} ({chosen.model}) with {label} {chosen.cost:.1f}"
+            + ("; it has no slack or margin test" if chosen.slack_ok is None else "")
+        )
     for dep in e.degraded:
         out.append(
             "the router failed: every q counted as 0 (fastest engine)"
@@ -195,16 +207,16 @@ async def explain(
     """Explain one request from its decision record and the queue as it is now."""
     t = time.time() if now is None else now
     engine = await _find_engine(redis, keys, request_id)
-    raw = await redis.hgetall(keys.request(engine, request_id))
-    h = {_s(k): _s(v) for k, v in raw.items()}
-    d: dict[str, Any] = json.loads(h.get("decision") or "{}")
-    payload: dict[str, Any] = json.loads(h.get("payload") or "{}")
+    h = cast(dict[str, str], await redis.hgetall(keys.request(engine, request_id)))  # decoded by the client
+    f = RequestField
+    d: dict[str, Any] = json.loads(h.get(f.DECISION) or "{}")
+    payload: dict[str, Any] = json.loads(h.get(f.PAYLOAD) or "{}")
     selection = d.get("selection") or {}
     candidates = candidates_from_record(selection)
     tau, delta_s = _num(d.get("tau"), math.nan), _num(d.get("delta_s"), math.nan)
-    score, aging = _num(h.get("score")), _num(d.get("aging_rate"))
-    t_enq = _num(h.get("t_enq"), t)
-    state = h.get("state", "")
+    score, aging = _num(h.get(f.SCORE)), _num(d.get("aging_rate"))
+    t_enq = _num(h.get(f.T_ENQ), t)
+    state = h.get(f.STATE, "")
     found = await redis.zrank(keys.queue(engine), request_id) if state == "queued" else None
     rank = int(found) if isinstance(found, int) else None
     ahead = (
@@ -214,23 +226,24 @@ async def explain(
         request_id=request_id,
         engine=engine,
         model=str(d.get("model", "")),
-        program_id=h.get("program_id", str(payload.get("program_id", ""))),
+        program_id=h.get(f.PROGRAM_ID, str(payload.get("program_id", ""))),
         workflow=str(payload.get("workflow", "")),
         stage=int(payload.get("stage", 0)),
         state=state,
-        attempt=int(_num(h.get("attempt"))),
+        attempt=int(_num(h.get(f.ATTEMPT))),
         policy=str(d.get("policy", "")),
         branch=str(d.get("branch", "")),
         candidates=candidates,
+        cost_name=str(selection.get("cost_name", "")),
         loads_ms={str(k): _num(v) for k, v in (d.get("loads_ms") or {}).items()},
         tau=tau,
         delta_s=delta_s,
         recheck=recheck(candidates, tau, delta_s, str(selection.get("engine", engine)))
-        if candidates
+        if candidates and selection.get("cost_name") == ALGORITHM1_COST
         else None,
         degraded=tuple(str(x) for x in d.get("degraded", ())),
-        predicted_tokens=int(_num(h.get("y"))),
-        predicted_tokens_p90=int(_num(h.get("y90"))),
+        predicted_tokens=int(_num(h.get(f.Y))),
+        predicted_tokens_p90=int(_num(h.get(f.Y90))),
         score=score,
         aging_rate=aging,
         priority_cap_tokens=int(_num(d.get("priority_cap_tokens"))),

@@ -3,7 +3,7 @@
 NOTE(order): workers claim with ZPOPMIN on the engine's queue, so ZRANGE of the same sorted set (ascending
 score, ties by request id) is exactly the serving order; nothing here re-sorts. The effective priority
 shown is ``score - aging_rate * now``, which equals ``min(y, cap) - aging_rate * (now - t_enq)``: the
-predicted work minus the aging credit earned while waiting (see ``services.dispatcher.policy``).
+predicted work minus the aging credit earned while waiting (see ``services.policy.aging``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from services.common.keys import Keys
-from services.dispatcher.snapshot import parse_engine
+from services.common.snapshot import parse_engine
 
 _REQ_FIELDS = ("payload", "y", "y90", "t_enq", "attempt", "decision", "program_id", "worker", "t_claim")
 

@@ -32,22 +32,10 @@ from pathlib import Path
 import redis
 
 from services.common.keys import Keys
+from services.common.queue_scripts import EXPORT_COMMIT, LEASE_RELEASE
 from services.common.types import OutcomeRow, TraceRow
 
 log = logging.getLogger(__name__)
-
-# KEYS: lock, cursor; ARGV: token, lease_ms, field, value. Returns 1 if recorded, 0 if the lease was lost.
-_COMMIT = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
-# KEYS: lock; ARGV: token. Deletes the lease only if it is still ours.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 
 def cursor_key(keys: Keys) -> str:
@@ -123,7 +111,7 @@ def lease(r: redis.Redis, key: str, lease_ms: int) -> Iterator[str]:
     try:
         yield token
     finally:
-        r.eval(_RELEASE, 1, key, token)
+        r.eval(LEASE_RELEASE, 1, key, token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +196,7 @@ def export_stream(
 
 
 def _commit(r: redis.Redis, keys: Keys, token: str, lease_ms: int, stream: str, cur: Cursor) -> None:
-    if not r.eval(_COMMIT, 2, lock_key(keys), cursor_key(keys), token, lease_ms, stream, cur.to_json()):
+    if not r.eval(EXPORT_COMMIT, 2, lock_key(keys), cursor_key(keys), token, lease_ms, stream, cur.to_json()):
         raise LeaseLost(stream)
 
 

@@ -1,21 +1,21 @@
-"""What the dispatcher sees of the engine pool: one pipelined read of every registered engine."""
+"""The engine pool as every reader sees it: ``EngineSnapshot`` built from an engine's info hash and queues.
+
+The dispatcher's policy, the metrics exporter and ``chimera queue`` all read engines through ``parse_engine``,
+so an engine is alive, loaded and profiled the same way for all of them.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import cast
 
 from redis.asyncio import Redis
 
-from services.common.keys import Keys
+from services.common.keys import EngineField, Keys
 from services.common.types import EngineProfile, EngineSnapshot
 
 log = logging.getLogger(__name__)
-
-
-def _s(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
 
 
 def parse_engine(
@@ -27,19 +27,20 @@ def parse_engine(
     whose speed is unknown would make its load meaningless. ``load`` is the in-flight predicted tokens the
     queue scripts maintain (the sum of the ``inflight`` hash).
     """
-    model = info.get("model", "")
+    f = EngineField
+    model = info.get(f.MODEL, "")
     try:
-        decode_ms = float(info.get("decode_ms_per_token", "nan"))
+        decode_ms = float(info.get(f.DECODE_MS_PER_TOKEN, "nan"))
         # Workers publish max_num_seqs; a measured max_batch_size, when present, is the better number.
-        batch = int(float(info.get("max_batch_size") or info.get("max_num_seqs") or 0))
-        heartbeat_ms = float(info.get("heartbeat_ms", 0) or 0)
-        load = int(float(info.get("load", 0) or 0))
+        batch = int(float(info.get(f.MAX_BATCH_SIZE) or info.get(f.MAX_NUM_SEQS) or 0))
+        heartbeat_ms = float(info.get(f.HEARTBEAT_MS, 0) or 0)
+        load = int(float(info.get(f.LOAD, 0) or 0))
     except ValueError:
         log.warning("engine %s has an unreadable engine_info hash; treating it as dead", engine_id)
         decode_ms, batch, heartbeat_ms, load = float("nan"), 0, 0.0, 0
     usable = bool(model) and decode_ms == decode_ms and decode_ms > 0 and batch > 0
     alive = usable and (now_unix - heartbeat_ms / 1000.0) <= dead_after_s
-    curve, prefill = _curve(engine_id, info.get("profile")) if usable else ((), 0.0)
+    curve, prefill = _curve(engine_id, info.get(f.PROFILE)) if usable else ((), 0.0)
     profile = EngineProfile(
         decode_ms_per_token=decode_ms if usable else 0.0,
         max_batch_size=batch if usable else 1,
@@ -77,8 +78,11 @@ def _curve(engine_id: str, raw: str | None) -> tuple[tuple[tuple[int, float], ..
 async def read_engines(
     redis: Redis, keys: Keys, now_unix: float, dead_after_s: float
 ) -> list[EngineSnapshot]:
-    """SMEMBERS engines, then HGETALL info + ZCARD queue + ZCARD claims for all of them in one pipeline."""
-    engine_ids = sorted(_s(e) for e in await redis.smembers(keys.engines()))
+    """SMEMBERS engines, then HGETALL info + ZCARD queue + ZCARD claims for all of them in one pipeline.
+
+    ``redis`` decodes responses (every client in Chimera does).
+    """
+    engine_ids: list[str] = sorted(cast(set[str], await redis.smembers(keys.engines())))
     if not engine_ids:
         return []
     pipe = redis.pipeline(transaction=False)
@@ -90,6 +94,5 @@ async def read_engines(
     out = []
     for i, eid in enumerate(engine_ids):
         raw, queued, running = res[3 * i], res[3 * i + 1], res[3 * i + 2]
-        info = {_s(k): _s(v) for k, v in raw.items()}
-        out.append(parse_engine(eid, info, int(queued), int(running), now_unix, dead_after_s))
+        out.append(parse_engine(eid, raw, int(queued), int(running), now_unix, dead_after_s))
     return out

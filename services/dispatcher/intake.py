@@ -1,0 +1,65 @@
+"""One intake for both front doors: what a door received becomes a ``StageRequest`` by one set of rules.
+
+Each door converts its wire format (a ``GenerateRequest``; an OpenAI body and its headers) into an
+``Intake`` and nothing else; the defaults (request id, max_tokens), the model pin, the deadline and the
+received time are decided here, once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from services.common.keys import ProgramField
+from services.common.types import ChatMessage, SamplingParams, StageRequest
+from services.dispatcher.config import DispatcherSettings
+
+# The model name that lets the policy choose (as does an empty one).
+AUTO_MODEL = "auto"
+
+
+@dataclass(frozen=True, slots=True)
+class Intake:
+    """One stage request as a front door received it, before any default is applied."""
+
+    program_id: str
+    stage: int | None  # None: the program's next stage (its last stage + 1, or 0 for a new program)
+    workflow: str
+    messages: tuple[ChatMessage, ...]
+    max_tokens: int | None  # None or 0: the dispatcher's default
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: tuple[str, ...]
+    model: str = ""  # "" or "auto": the policy chooses; anything else pins the model
+    request_id: str = ""  # "": a fresh id
+    timeout_ms: int = 0  # 0: no deadline
+
+
+def next_stage(program: Mapping[str, str]) -> int:
+    """The stage after the program's last one; 0 for a program the table does not hold."""
+    last = program.get(ProgramField.STAGE)
+    return 0 if last is None else int(last) + 1
+
+
+def stage_request(intake: Intake, stage: int, settings: DispatcherSettings, now: float) -> StageRequest:
+    """The ``StageRequest`` both doors dispatch (validation is the dispatcher's, right after)."""
+    model = intake.model.strip()
+    return StageRequest(
+        request_id=intake.request_id or uuid.uuid4().hex,
+        program_id=intake.program_id,
+        stage=stage,
+        workflow=intake.workflow,
+        messages=intake.messages,
+        sampling=SamplingParams(
+            max_tokens=intake.max_tokens or settings.max_tokens_default,
+            temperature=intake.temperature,
+            top_p=intake.top_p,
+            seed=intake.seed,
+            stop=intake.stop,
+        ),
+        model_pin=None if model in ("", AUTO_MODEL) else model,
+        deadline_unix=now + intake.timeout_ms / 1000.0 if intake.timeout_ms else None,
+        received_unix=now,
+    )

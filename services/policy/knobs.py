@@ -1,0 +1,30 @@
+"""The policy knobs and their defaults: the one source the dispatcher's settings and the simulator share."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+DEFAULT_POLICY = "chimera"
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """What a policy's decisions depend on besides the pool: the dispatcher's settings hold the same fields
+    (``DispatcherSettings.knobs()``), the simulator's ``SimConfig`` too."""
+
+    tau: float = 0.5  # latency slack: a more confident engine may be this much slower
+    delta_s: float = 0.05  # confidence margin needed to leave the fastest engine
+    aging_rate: float = 20.0  # aging credit in tokens per second of waiting (anti-starvation)
+    priority_cap_tokens: int = 8192  # predictions above this count as this much for priority
+
+    def __post_init__(self) -> None:
+        if not (self.tau >= 0 and self.delta_s >= 0):
+            raise ValueError("tau and delta_s must be >= 0")
+        if not (math.isfinite(self.aging_rate) and self.aging_rate > 0):
+            raise ValueError("aging_rate must be > 0 (without aging, a long request can starve)")
+        if self.priority_cap_tokens < 1:
+            raise ValueError("priority_cap_tokens must be >= 1")
+
+
+DEFAULT_KNOBS = Knobs()
