@@ -19,7 +19,7 @@ import httpx
 import psutil  # type: ignore[import-untyped]
 
 if TYPE_CHECKING:
-    from bench.overhead import OverheadConfig
+    from bench.overhead_config import OverheadConfig
 
 log = logging.getLogger("bench.overhead")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from bench.overhead import OverheadConfig
+    from bench.overhead_config import OverheadConfig
 
 
 def _git_commit() -> str:

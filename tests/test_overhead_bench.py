@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from vllm_fixtures import tiny_model  # noqa: F401  (session fixture)
 
-from bench.overhead import OverheadConfig, fixed_length_view, run_benchmark
+from bench.overhead import fixed_length_view, run_benchmark
+from bench.overhead_config import OverheadConfig
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(240)]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 import grpc
 
@@ -25,9 +24,7 @@ from services.sdk.types import (
     TextDelta,
     to_messages,
 )
-
-if TYPE_CHECKING:
-    from services.sdk.workflow import AsyncWorkflow, Workflow
+from services.sdk.workflow import AsyncWorkflow, Workflow
 
 DEFAULT_ADDR = "127.0.0.1:50051"
 
@@ -140,8 +137,6 @@ class AsyncClient:
 
     def workflow(self, workflow: str, *, program_id: str | None = None, model: str = "auto") -> AsyncWorkflow:
         """A multi-stage run: ``async with client.workflow("code/planner-coder") as wf: ...``."""
-        from services.sdk.workflow import AsyncWorkflow
-
         return AsyncWorkflow(self, workflow, program_id=program_id, model=model)
 
 
@@ -237,6 +232,4 @@ class Client:
 
     def workflow(self, workflow: str, *, program_id: str | None = None, model: str = "auto") -> Workflow:
         """A multi-stage run: ``with client.workflow("math/solver-verifier") as wf: ...``."""
-        from services.sdk.workflow import Workflow
-
         return Workflow(self, workflow, program_id=program_id, model=model)

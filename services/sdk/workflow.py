@@ -11,12 +11,72 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from services.sdk.types import Completion, MessageLike, ProgramEnd, Sampling, TextDelta
 
-if TYPE_CHECKING:
-    from services.sdk.client import AsyncClient, Client
+# What a workflow needs of its client, so that this module does not import the client (which builds
+# workflows): ``AsyncClient`` and ``Client`` are the two implementations.
+
+
+class AsyncStages(Protocol):
+    def stream(
+        self,
+        messages: Iterable[MessageLike] | str,
+        *,
+        program_id: str,
+        stage: int,
+        workflow: str,
+        model: str = ...,
+        sampling: Sampling = ...,
+        request_id: str | None = ...,
+        timeout_s: float | None = ...,
+    ) -> AsyncIterator[TextDelta | Completion]: ...
+
+    async def generate(
+        self,
+        messages: Iterable[MessageLike] | str,
+        *,
+        program_id: str,
+        stage: int,
+        workflow: str,
+        model: str = ...,
+        sampling: Sampling = ...,
+        request_id: str | None = ...,
+        timeout_s: float | None = ...,
+    ) -> Completion: ...
+
+    async def end_program(self, program_id: str, outcome: float | None = ...) -> ProgramEnd: ...
+
+
+class Stages(Protocol):
+    def stream(
+        self,
+        messages: Iterable[MessageLike] | str,
+        *,
+        program_id: str,
+        stage: int,
+        workflow: str,
+        model: str = ...,
+        sampling: Sampling = ...,
+        request_id: str | None = ...,
+        timeout_s: float | None = ...,
+    ) -> Iterator[TextDelta | Completion]: ...
+
+    def generate(
+        self,
+        messages: Iterable[MessageLike] | str,
+        *,
+        program_id: str,
+        stage: int,
+        workflow: str,
+        model: str = ...,
+        sampling: Sampling = ...,
+        request_id: str | None = ...,
+        timeout_s: float | None = ...,
+    ) -> Completion: ...
+
+    def end_program(self, program_id: str, outcome: float | None = ...) -> ProgramEnd: ...
 
 
 class _State:
@@ -49,7 +109,7 @@ class _State:
 
 
 class AsyncWorkflow(_State):
-    def __init__(self, client: AsyncClient, workflow: str, *, program_id: str | None, model: str) -> None:
+    def __init__(self, client: AsyncStages, workflow: str, *, program_id: str | None, model: str) -> None:
         super().__init__(workflow, program_id, model)
         self._client = client
 
@@ -116,7 +176,7 @@ class AsyncWorkflow(_State):
 
 
 class Workflow(_State):
-    def __init__(self, client: Client, workflow: str, *, program_id: str | None, model: str) -> None:
+    def __init__(self, client: Stages, workflow: str, *, program_id: str | None, model: str) -> None:
         super().__init__(workflow, program_id, model)
         self._client = client
 
