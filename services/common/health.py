@@ -12,7 +12,7 @@ import grpc
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.common.keys import Keys
+from services.common.keys import EngineField, Keys
 
 
 def grpc_unhealthy(addr: str, timeout_s: float = 2.0, service: str = "") -> str | None:
@@ -31,7 +31,7 @@ def grpc_unhealthy(addr: str, timeout_s: float = 2.0, service: str = "") -> str 
 def heartbeat_unhealthy(r: redis.Redis, keys: Keys, engine: str, max_age_s: float) -> str | None:
     """Why the engine's worker heartbeat is missing or older than ``max_age_s``, or None."""
     try:
-        raw = r.hget(keys.engine_info(engine), "heartbeat_ms")
+        raw = r.hget(keys.engine_info(engine), EngineField.HEARTBEAT_MS)
     except redis.RedisError as e:
         return f"redis: {e}"
     if raw is None:

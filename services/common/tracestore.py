@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from redis.asyncio import Redis
 
@@ -51,7 +51,7 @@ def _lines(path: Path) -> Iterator[str]:
 
 async def read_traces_redis(redis: Redis, keys: Keys) -> list[TraceRow]:
     """Every trace row of every registered engine, each engine's stream in append order."""
-    engines = sorted(_text(e) for e in await redis.smembers(keys.engines()))
+    engines: list[str] = sorted(cast(set[str], await redis.smembers(keys.engines())))
     rows: list[TraceRow] = []
     for engine in engines:
         async for fields in _stream(redis, keys.traces(engine)):
@@ -79,19 +79,15 @@ async def read_outcomes_redis(redis: Redis, keys: Keys) -> list[OutcomeRow]:
 
 
 async def _stream(redis: Redis, key: str) -> AsyncIterator[dict[str, str]]:
-    """Yield each entry's fields (as str) of a stream, paging with exclusive ranges."""
+    """Yield each entry's fields of a stream (the client decodes them), paging with exclusive ranges."""
     start = "-"
     while True:
         page: list[Any] = await redis.xrange(key, min=start, max="+", count=_PAGE) or []
         for _, fields in page:
-            yield {_text(k): _text(v) for k, v in (fields or {}).items()}
+            yield dict(fields or {})
         if len(page) < _PAGE:
             return
-        start = "(" + _text(page[-1][0])
-
-
-def _text(v: str | bytes) -> str:
-    return v.decode() if isinstance(v, bytes) else v
+        start = "(" + page[-1][0]
 
 
 def remaining_tokens(rows: Sequence[TraceRow]) -> list[int]:

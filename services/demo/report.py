@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 from rich.console import Console
 from rich.table import Table
 
-from services.common.keys import Keys
+from services.common.keys import Keys, RequestField
 from services.demo.client import WorkflowRun
 from services.launcher.stack import Stack
 
@@ -29,7 +29,9 @@ async def print_queue_snapshot(console: Console, stack: Stack, until: asyncio.Ta
                     for col in ("pos", "request", "score", "predicted tokens", "stage"):
                         table.add_column(col)
                     for pos, (rid, score) in enumerate(entries[:10]):
-                        y, payload = await client.hmget(keys.request(e.id, rid), ["y", "payload"])
+                        y, payload = await client.hmget(
+                            keys.request(e.id, rid), [RequestField.Y, RequestField.PAYLOAD]
+                        )
                         stage_idx = "?" if payload is None else str(json.loads(payload)["stage"])
                         table.add_row(str(pos), rid[:16], f"{score:.1f}", str(y), stage_idx)
                     console.print(table)

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import Redis
 
-from services.common.keys import Keys
+from services.common.keys import EngineField, Keys, ProgramField, RequestField
 from services.common.snapshot import parse_engine
 
-_REQ_FIELDS = ("payload", "y", "y90", "t_enq", "attempt", "decision", "program_id", "worker", "t_claim")
+R, P = RequestField, ProgramField
+_REQ_FIELDS = (R.PAYLOAD, R.Y, R.Y90, R.T_ENQ, R.ATTEMPT, R.DECISION, R.PROGRAM_ID, R.WORKER, R.T_CLAIM)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,27 +83,23 @@ class QueueView:
     programs: tuple[ProgramEntry, ...]
 
 
-def _s(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
-
-
 def _float(raw: Any, default: float = 0.0) -> float:
     try:
-        return float(_s(raw)) if raw is not None else default
+        return float(raw) if raw is not None else default
     except ValueError:
         return default
 
 
 def _payload(raw: Any) -> dict[str, Any]:
     try:
-        out = json.loads(_s(raw)) if raw is not None else {}
+        out = json.loads(raw) if raw is not None else {}
     except ValueError:
         return {}
     return out if isinstance(out, dict) else {}
 
 
 def _scored(raw: Any) -> list[tuple[str, float]]:
-    return [(_s(m), float(score)) for m, score in raw]
+    return [(str(m), float(score)) for m, score in raw]
 
 
 def effective_priority(score: float, aging_rate: float, now: float) -> float:
@@ -133,22 +130,22 @@ async def waiting_requests(
     rows = await _request_rows(redis, keys, engine, ids)
     out = []
     for i, ((_, score), rid, row) in enumerate(zip(entries, ids, rows, strict=True)):
-        payload, decision = _payload(row["payload"]), _payload(row["decision"])
+        payload, decision = _payload(row[R.PAYLOAD]), _payload(row[R.DECISION])
         aging = _float(decision.get("aging_rate"), default_aging_rate)
-        t_enq = _float(row["t_enq"], now)
+        t_enq = _float(row[R.T_ENQ], now)
         out.append(
             WaitingRequest(
                 position=start + i,
                 request_id=rid,
-                program_id=_s(row["program_id"] or payload.get("program_id", "")),
+                program_id=str(row[R.PROGRAM_ID] or payload.get("program_id", "")),
                 workflow=str(payload.get("workflow", "")),
                 stage=int(payload.get("stage", 0)),
-                predicted_tokens=int(_float(row["y"])),
-                predicted_tokens_p90=int(_float(row["y90"])),
+                predicted_tokens=int(_float(row[R.Y])),
+                predicted_tokens_p90=int(_float(row[R.Y90])),
                 score=score,
                 age_s=max(0.0, now - t_enq),
                 effective_priority=effective_priority(score, aging, now),
-                attempt=int(_float(row["attempt"])),
+                attempt=int(_float(row[R.ATTEMPT])),
             )
         )
     return tuple(out)
@@ -160,17 +157,17 @@ async def _running(redis: Redis, keys: Keys, engine: str, now: float) -> tuple[R
     rows = await _request_rows(redis, keys, engine, ids)
     out = []
     for (_, lease_ms), rid, row in zip(claims, ids, rows, strict=True):
-        payload = _payload(row["payload"])
+        payload = _payload(row[R.PAYLOAD])
         out.append(
             RunningRequest(
                 request_id=rid,
-                program_id=_s(row["program_id"] or payload.get("program_id", "")),
+                program_id=str(row[R.PROGRAM_ID] or payload.get("program_id", "")),
                 workflow=str(payload.get("workflow", "")),
                 stage=int(payload.get("stage", 0)),
-                predicted_tokens=int(_float(row["y"])),
-                worker=_s(row["worker"] or ""),
-                attempt=int(_float(row["attempt"])),
-                running_s=max(0.0, now - _float(row["t_claim"], now)),
+                predicted_tokens=int(_float(row[R.Y])),
+                worker=str(row[R.WORKER] or ""),
+                attempt=int(_float(row[R.ATTEMPT])),
+                running_s=max(0.0, now - _float(row[R.T_CLAIM], now)),
                 lease_left_s=lease_ms / 1000.0 - now,
             )
         )
@@ -178,18 +175,17 @@ async def _running(redis: Redis, keys: Keys, engine: str, now: float) -> tuple[R
 
 
 async def engine_ids(redis: Redis, keys: Keys) -> list[str]:
-    return sorted(_s(e) for e in await redis.smembers(keys.engines()))
+    return sorted(cast(set[str], await redis.smembers(keys.engines())))
 
 
 async def _engine(
     redis: Redis, keys: Keys, engine: str, now: float, limit: int, dead_after_s: float
 ) -> EngineQueue:
-    raw = await redis.hgetall(keys.engine_info(engine))
-    info: Mapping[str, str] = {_s(k): _s(v) for k, v in raw.items()}
+    info = cast(dict[str, str], await redis.hgetall(keys.engine_info(engine)))
     waiting_total = int(await redis.zcard(keys.queue(engine)))
     running = await _running(redis, keys, engine, now)
     snap = parse_engine(engine, info, waiting_total, len(running), now, dead_after_s)
-    hb = info.get("heartbeat_ms")
+    hb = info.get(EngineField.HEARTBEAT_MS)
     return EngineQueue(
         engine=engine,
         model=snap.model,
@@ -206,7 +202,7 @@ async def programs(redis: Redis, keys: Keys, now: float, limit: int) -> tuple[Pr
     """The program table (SCAN, so it never blocks Redis), oldest first."""
     names: list[str] = []
     async for k in redis.scan_iter(match=keys.program_pattern(), count=500):
-        names.append(_s(k))
+        names.append(str(k))
         if len(names) >= limit:
             break
     pipe = redis.pipeline(transaction=False)
@@ -217,19 +213,19 @@ async def programs(redis: Redis, keys: Keys, now: float, limit: int) -> tuple[Pr
     prefix = keys.program("")
     out = []
     for i, name in enumerate(names):
-        h = {_s(a): _s(b) for a, b in res[2 * i].items()}
+        h: dict[str, str] = res[2 * i]
         if not h:
             continue  # ended between SCAN and HGETALL
         out.append(
             ProgramEntry(
                 program_id=name[len(prefix) :],
-                workflow=h.get("workflow", ""),
-                engine=h.get("engine", ""),
-                model=h.get("model", ""),
-                stage=int(_float(h.get("stage"))),
-                request_id=h.get("request_id", ""),
-                age_s=max(0.0, now - _float(h.get("created"), now)),
-                idle_s=max(0.0, now - _float(h.get("updated"), now)),
+                workflow=h.get(P.WORKFLOW, ""),
+                engine=h.get(P.ENGINE, ""),
+                model=h.get(P.MODEL, ""),
+                stage=int(_float(h.get(P.STAGE))),
+                request_id=h.get(P.REQUEST_ID, ""),
+                age_s=max(0.0, now - _float(h.get(P.CREATED), now)),
+                idle_s=max(0.0, now - _float(h.get(P.UPDATED), now)),
                 ttl_s=int(res[2 * i + 1]),
             )
         )

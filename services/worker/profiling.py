@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.common.keys import Keys
+from services.common.keys import Keys, ProfileField
 from services.common.types import ChatMessage, EngineProfile, SamplingParams, StageRequest
 from services.worker.engine.base import Engine, EngineRequestError
 
@@ -200,11 +200,11 @@ async def store_profile(
     await redis.hset(
         keys.profile(engine_id),
         mapping={
-            "json": profile.to_json(),
-            "decode_ms_per_token": profile.decode_ms_per_token,
-            "max_batch_size": profile.max_batch_size,
-            "prefill_ms_per_token": profile.prefill_ms_per_token,
-            "measured_unix": time.time(),
+            ProfileField.JSON: profile.to_json(),
+            ProfileField.DECODE_MS_PER_TOKEN: profile.decode_ms_per_token,
+            ProfileField.MAX_BATCH_SIZE: profile.max_batch_size,
+            ProfileField.PREFILL_MS_PER_TOKEN: profile.prefill_ms_per_token,
+            ProfileField.MEASURED_UNIX: time.time(),
         },
     )
     return write_profile_json(json_dir, engine_id, profile)
@@ -223,7 +223,7 @@ def write_profile_json(json_dir: Path | None, engine_id: str, profile: EnginePro
 
 
 async def load_profile(redis: Any, keys: Keys, engine_id: str) -> EngineProfile | None:
-    raw = await redis.hget(keys.profile(engine_id), "json")
+    raw = await redis.hget(keys.profile(engine_id), ProfileField.JSON)
     return EngineProfile.from_json(raw) if raw else None
 
 

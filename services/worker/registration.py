@@ -8,7 +8,7 @@ import time
 from redis.asyncio import Redis
 from redis.typing import EncodableT, FieldT
 
-from services.common.keys import Keys
+from services.common.keys import EngineField, Keys, ProfileField
 from services.common.types import EngineProfile
 
 log = logging.getLogger(__name__)
@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 async def stored_profile(redis: Redis, keys: Keys, engine_id: str) -> EngineProfile | None:
     """The profile ``chimera profile`` measured for this engine (field ``json`` of its profile hash)."""
-    raw = await redis.hget(keys.profile(engine_id), "json")
+    raw = await redis.hget(keys.profile(engine_id), ProfileField.JSON)
     if not raw:
         return None
     try:
@@ -35,12 +35,13 @@ async def register(
 ) -> None:
     """Add the engine to the engine set and write its info hash, leaving ``load`` to the queue scripts."""
     mapping: dict[FieldT, EncodableT] = {k: str(v) for k, v in fields.items()}
-    mapping |= {"heartbeat_ms": str(int(time.time() * 1000)), "running": "0", "held": "0"}
+    f = EngineField
+    mapping |= {f.HEARTBEAT_MS: str(int(time.time() * 1000)), f.RUNNING: "0", f.HELD: "0"}
     if profile is not None:
         mapping |= {
-            "decode_ms_per_token": repr(profile.decode_ms_per_token),
-            "max_batch_size": str(profile.max_batch_size),
-            "profile": profile.to_json(),
+            f.DECODE_MS_PER_TOKEN: repr(profile.decode_ms_per_token),
+            f.MAX_BATCH_SIZE: str(profile.max_batch_size),
+            f.PROFILE: profile.to_json(),
         }
     else:
         log.warning(
@@ -57,9 +58,9 @@ async def heartbeat(
 ) -> None:
     """Refresh liveness and occupancy: ``running`` in the engine, ``held`` claims (running + prefetched)."""
     mapping: dict[FieldT, EncodableT] = {
-        "heartbeat_ms": int(time.time() * 1000),
-        "running": running,
-        "held": held,
-        "worker_id": worker_id,
+        EngineField.HEARTBEAT_MS: int(time.time() * 1000),
+        EngineField.RUNNING: running,
+        EngineField.HELD: held,
+        EngineField.WORKER_ID: worker_id,
     }
     await redis.hset(keys.engine_info(engine_id), mapping=mapping)

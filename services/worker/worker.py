@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from services.common.keys import EngineField
 from services.common.queue import QueueStore
 from services.common.types import ClaimedRequest
 from services.worker import records, registration
@@ -154,15 +155,16 @@ class Worker:
             measured = await profile_engine(self._engine)
             await store_profile(self._r, keys, o.engine_id, measured)
         profile = measured or self._engine.profile()
+        f = EngineField
         fields: dict[str, str | int | float] = {
-            "model": self._engine.model,
-            "kind": o.kind,
-            "max_num_seqs": self._engine.max_num_seqs,
-            "worker_id": o.worker_id,
-            "profile_source": "measured" if measured else ("engine" if profile else "none"),
+            f.MODEL: self._engine.model,
+            f.KIND: o.kind,
+            f.MAX_NUM_SEQS: self._engine.max_num_seqs,
+            f.WORKER_ID: o.worker_id,
+            f.PROFILE_SOURCE: "measured" if measured else ("engine" if profile else "none"),
             # A simulated engine runs time_scale times faster than its profile; readers of its timings
             # (benchmarks) multiply wall durations by it. Real engines run at 1.
-            "time_scale": float(getattr(self._engine, "time_scale", 1.0)),
+            f.TIME_SCALE: float(getattr(self._engine, "time_scale", 1.0)),
         }
         await registration.register(self._r, keys, o.engine_id, fields, profile)
 
