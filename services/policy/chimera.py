@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from services.common.types import EngineSnapshot
-from services.policy.contract import EPS, CandidateCheck, Selection, alive_engines, check_knobs
+from services.policy.contract import Selection, alive_engines, check_knobs, scan
 from services.policy.estimates import engine_load_ms
 
 COST_NAME = "load_ms"  # the paper's L[m], a time-to-last-token proxy
@@ -41,25 +41,9 @@ def select_engine(
     check_knobs(tau, delta_s)
     alive = alive_engines(engines)
     load = {e.engine_id: engine_load_ms(e) for e in alive}
-    q = {e.engine_id: float(confidence.get(e.model, 0.0)) for e in alive}
     # Ties on load (always at start, when every L is 0) go to the faster engine, then to a stable order.
     fast = min(alive, key=lambda e: (load[e.engine_id], e.profile.decode_ms_per_token, e.engine_id))
-    l_fast, q_fast = load[fast.engine_id], q[fast.engine_id]
+    l_fast = load[fast.engine_id]
     # The limit of (1 + tau) * 0 is 0 even for tau = inf (where the float product would be NaN).
     bound = l_fast * (1.0 + tau) if l_fast > 0 else 0.0
-    # Descending q; equal q prefers the lighter engine, so a homogeneous pool picks the least loaded.
-    order = sorted(alive, key=lambda e: (-q[e.engine_id], load[e.engine_id], e.engine_id))
-    checks = tuple(
-        CandidateCheck(
-            engine_id=e.engine_id,
-            model=e.model,
-            q=q[e.engine_id],
-            cost=load[e.engine_id],
-            slack_ok=load[e.engine_id] <= bound + EPS,
-            margin_ok=q[e.engine_id] >= q_fast + delta_s - EPS,
-        )
-        for e in order
-    )
-    chosen = next((c for c in checks if c.slack_ok and c.margin_ok), None)
-    pick = (chosen.engine_id, chosen.model) if chosen else (fast.engine_id, fast.model)
-    return Selection(*pick, fast.engine_id, COST_NAME, checks, tau, delta_s)
+    return scan(alive, load, confidence, fast, bound, lambda _: delta_s, COST_NAME, tau, delta_s)

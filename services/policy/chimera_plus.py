@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from services.common.types import EngineSnapshot
-from services.policy.contract import EPS, CandidateCheck, Selection, alive_engines, check_knobs
+from services.policy.contract import Selection, alive_engines, check_knobs, scan
 from services.policy.estimates import completion_ms, occupancy
 
 COST_NAME = "completion_ms"  # predicted completion of a nominal new workflow (estimates.completion_ms)
@@ -36,22 +36,10 @@ def plus_select(
     check_knobs(tau, delta_s)
     alive = alive_engines(engines)
     cost = {e.engine_id: completion_ms(e) for e in alive}
-    q = {e.engine_id: float(confidence.get(e.model, 0.0)) for e in alive}
     fast = min(alive, key=lambda e: (cost[e.engine_id], e.engine_id))
-    c_fast, q_fast = cost[fast.engine_id], q[fast.engine_id]
-    bound = c_fast * (1.0 + tau)
-    order = sorted(alive, key=lambda e: (-q[e.engine_id], cost[e.engine_id], e.engine_id))
-    checks = tuple(
-        CandidateCheck(
-            engine_id=e.engine_id,
-            model=e.model,
-            q=q[e.engine_id],
-            cost=cost[e.engine_id],
-            slack_ok=cost[e.engine_id] <= bound + EPS,
-            margin_ok=q[e.engine_id] >= q_fast + plus_margin(e, cost[e.engine_id] / c_fast, delta_s) - EPS,
-        )
-        for e in order
-    )
-    chosen = next((c for c in checks if c.slack_ok and c.margin_ok), None)
-    pick = (chosen.engine_id, chosen.model) if chosen else (fast.engine_id, fast.model)
-    return Selection(*pick, fast.engine_id, COST_NAME, checks, tau, delta_s)
+    c_fast = cost[fast.engine_id]
+
+    def margin(e: EngineSnapshot) -> float:
+        return plus_margin(e, cost[e.engine_id] / c_fast, delta_s)
+
+    return scan(alive, cost, confidence, fast, c_fast * (1.0 + tau), margin, COST_NAME, tau, delta_s)

@@ -9,7 +9,7 @@ clock, so the dispatcher, the simulator and the inspector run the very same deci
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -166,6 +166,39 @@ def alive_engines(engines: Sequence[EngineSnapshot]) -> list[EngineSnapshot]:
     if not alive:
         raise NoLiveEngine("no live engine is registered")
     return alive
+
+
+def scan(
+    alive: Sequence[EngineSnapshot],
+    cost: Mapping[str, float],
+    confidence: Mapping[str, float],
+    fast: EngineSnapshot,
+    bound: float,
+    margin: Callable[[EngineSnapshot], float],
+    cost_name: str,
+    tau: float,
+    delta_s: float,
+) -> Selection:
+    """Algorithm 1's scan, shared by the rules that price engines differently: engines by descending q
+    (equal q: the cheaper first, then the id); the first whose cost is within ``bound`` and whose q beats the
+    cheapest engine's (``fast``) by ``margin(engine)`` wins; if none does, ``fast`` keeps the request."""
+    q = {e.engine_id: float(confidence.get(e.model, 0.0)) for e in alive}
+    q_fast = q[fast.engine_id]
+    order = sorted(alive, key=lambda e: (-q[e.engine_id], cost[e.engine_id], e.engine_id))
+    checks = tuple(
+        CandidateCheck(
+            engine_id=e.engine_id,
+            model=e.model,
+            q=q[e.engine_id],
+            cost=cost[e.engine_id],
+            slack_ok=cost[e.engine_id] <= bound + EPS,
+            margin_ok=q[e.engine_id] >= q_fast + margin(e) - EPS,
+        )
+        for e in order
+    )
+    chosen = next((c for c in checks if c.slack_ok and c.margin_ok), None)
+    pick = (chosen.engine_id, chosen.model) if chosen else (fast.engine_id, fast.model)
+    return Selection(*pick, fast.engine_id, cost_name, checks, tau, delta_s)
 
 
 def check_knobs(tau: float, delta_s: float) -> None:
