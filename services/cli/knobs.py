@@ -1,7 +1,7 @@
 """Every configuration knob of every service, read from the settings classes themselves.
 
-``chimera knobs`` prints them as the Markdown table the README carries, and a test checks that the README
-names every one, so documentation cannot drift from the code.
+``chimera knobs`` prints them as the Markdown table the README carries; ``chimera docs`` also writes each
+service's own rows into its README, and a test checks every such table against the code.
 """
 
 from __future__ import annotations
@@ -66,17 +66,21 @@ def knobs() -> Iterator[Knob]:
             yield Knob(service, env, default, (field.description or "").replace("|", "\\|"))
 
 
+def _default(k: Knob) -> str:
+    return k.default and f"`{k.default}`"
+
+
 def markdown() -> str:
     lines = ["| service | environment variable | default | meaning |", "|---|---|---|---|"]
-    lines += [
-        f"| {k.service} | `{k.env}` | {k.default and f'`{k.default}`'} | {k.description} |" for k in knobs()
-    ]
+    lines += [f"| {k.service} | `{k.env}` | {_default(k)} | {k.description} |" for k in knobs()]
     return "\n".join(lines)
 
 
-def write_readme(path: Path) -> None:
-    """Replace the table between the README's knob markers with the current one."""
-    text = path.read_text()
-    start = text.index("\n", text.index("<!-- knobs:start")) + 1
-    end = text.index("<!-- knobs:end")
-    path.write_text(text[:start] + markdown() + "\n" + text[end:])
+def service_markdown(service: str) -> str:
+    """The rows of one service, without the shared knobs (its README names those in prose)."""
+    rows = [k for k in knobs() if k.service == service]
+    if not rows:
+        raise KeyError(f"no settings class for service {service!r}; known: {[s for s, _, _ in SETTINGS]}")
+    lines = ["| environment variable | default | meaning |", "|---|---|---|"]
+    lines += [f"| `{k.env}` | {_default(k)} | {k.description} |" for k in rows]
+    return "\n".join(lines)

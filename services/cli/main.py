@@ -97,12 +97,32 @@ def knobs(
     write: Annotated[Path | None, typer.Option(help="rewrite the table inside this README instead")] = None,
 ) -> None:
     """Print every configuration knob (environment variable, default, meaning) as a Markdown table."""
-    from services.cli.knobs import markdown, write_readme
+    from services.cli.docs import replace_section
+    from services.cli.knobs import markdown
 
     if write is not None:
-        write_readme(write)
+        write.write_text(replace_section(write.read_text(), "knobs", markdown()))
     else:
         typer.echo(markdown())
+
+
+@app.command()
+def docs(
+    write: Annotated[bool, typer.Option(help="rewrite the stale sections instead of listing them")] = False,
+    root: Annotated[Path, typer.Option(help="repository root")] = Path("."),
+) -> None:
+    """Check (or with --write, rewrite) the README sections generated from the code: the key table from
+    services/common/keys.py and the knob tables from the settings classes. Exits 1 when one is stale."""
+    from services.cli.docs import stale, write_all
+
+    if write:
+        for path in write_all(root):
+            typer.echo(f"rewrote {path}")
+        return
+    paths = stale(root)
+    for path in paths:
+        typer.echo(f"stale: {path} (run `chimera docs --write`)")
+    raise typer.Exit(1 if paths else 0)
 
 
 @app.command()

@@ -6,11 +6,11 @@ are trimmed; training then reads files instead of scanning Redis. Layout under `
 
 Exactly once, even when the task runs twice at once, is retried after a crash, or is killed mid-batch:
 
-* A lease (``lock_key``: a random token, ``SET NX PX``) lets one export run at a time; a second run
-  returns at once with ``busy=True``.
+* A lease (``Keys.export_lock``: a random token, ``SET NX PX``) lets one export run at a time; a second
+  run returns at once with ``busy=True``.
 * After each batch is appended and fsynced, one Lua script checks the lease is still ours, records the
-  stream's cursor and renews the lease (``cursor_key``: HASH stream key -> JSON ``{"last_id": <last
-  exported stream id>, "bytes": <file size after that batch>, "seen": <entries accounted for>}``).
+  stream's cursor and renews the lease (``Keys.export_cursor``: HASH stream key -> JSON ``{"last_id":
+  <last exported stream id>, "bytes": <file size after that batch>, "seen": <entries accounted for>}``).
 * Rows the capped stream dropped before they were exported are counted (Redis 7 ``entries-added``) and
   logged as lost, once.
 * A run that died between the append and the cursor leaves bytes past the recorded size: the next run
@@ -36,16 +36,6 @@ from services.common.queue_scripts import EXPORT_COMMIT, LEASE_RELEASE
 from services.common.types import OutcomeRow, TraceRow
 
 log = logging.getLogger(__name__)
-
-
-def cursor_key(keys: Keys) -> str:
-    """HASH stream key -> JSON cursor of the last exported entry. Written only by ``export_traces``."""
-    return keys.export_cursor()
-
-
-def lock_key(keys: Keys) -> str:
-    """STRING lease token of the running export; PX = the lease. Shares the cursor's hash tag (one script)."""
-    return keys.export_lock()
 
 
 def trace_file(traces_dir: Path, engine: str) -> Path:
@@ -125,7 +115,7 @@ class Cursor:
 
 
 def _read_cursor(r: redis.Redis, keys: Keys, stream: str) -> Cursor:
-    raw = r.hget(cursor_key(keys), stream)
+    raw = r.hget(keys.export_cursor(), stream)
     return Cursor(**json.loads(raw)) if raw else Cursor()
 
 
@@ -196,7 +186,9 @@ def export_stream(
 
 
 def _commit(r: redis.Redis, keys: Keys, token: str, lease_ms: int, stream: str, cur: Cursor) -> None:
-    if not r.eval(EXPORT_COMMIT, 2, lock_key(keys), cursor_key(keys), token, lease_ms, stream, cur.to_json()):
+    if not r.eval(
+        EXPORT_COMMIT, 2, keys.export_lock(), keys.export_cursor(), token, lease_ms, stream, cur.to_json()
+    ):
         raise LeaseLost(stream)
 
 
@@ -205,7 +197,7 @@ def export_traces(r: redis.Redis, keys: Keys, traces_dir: Path, batch: int, leas
     lease_ms = int(lease_s * 1000)
     engines = sorted(str(e) for e in r.smembers(keys.engines()))
     try:
-        with lease(r, lock_key(keys), lease_ms) as token:
+        with lease(r, keys.export_lock(), lease_ms) as token:
             done = [
                 export_stream(
                     r, keys, token, keys.traces(e), trace_file(traces_dir, e), _trace_line, batch, lease_ms

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common import artifacts
-from services.common.keys import Keys
 from services.common.tracestore import read_outcomes_jsonl, read_traces_jsonl
 from services.common.types import OutcomeRow, TraceRow
 from services.jobs.export import outcome_file
@@ -29,11 +28,6 @@ class RetrainResult:
     rows: int  # training rows found (traces for the predictor, outcomes for the router)
     version: str | None  # the version published, None when skipped
     skipped: str | None = None  # why nothing was published
-
-
-def lock_key(keys: Keys, kind: str) -> str:
-    """STRING lease token of the running retrain of ``kind``; PX = ``retrain_lock_s``."""
-    return keys.retrain_lock(kind)
 
 
 def read_exported(traces_dir: Path) -> tuple[list[TraceRow], list[OutcomeRow]]:

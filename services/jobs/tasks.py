@@ -49,7 +49,7 @@ def register(app: Celery, settings: JobsSettings) -> None:
         try:
             with (
                 client() as r,
-                lease(r, retrain.lock_key(keys, kind), _ms(settings.retrain_lock_s)),
+                lease(r, keys.retrain_lock(kind), _ms(settings.retrain_lock_s)),
             ):
                 result = run(settings.traces_dir, root, backend, settings.retrain_min_rows)
         except Busy:
