@@ -7,6 +7,7 @@ predictor and workers of ``dispatcher_fakes``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -253,13 +254,19 @@ def test_identity_headers_win_over_metadata() -> None:
     assert resolve_identity({"x-chimera-program-id": "p"}, None).stage is None
 
 
-async def _wait_state(h: Http, engine: str, rid: str, state: str, timeout_s: float = 10.0) -> None:
+async def _wait_state(h: Http, rid: str, state: str, timeout_s: float = 10.0) -> None:
+    # Either engine: on a loaded machine the router may miss its deadline and the request goes to the
+    # fastest engine instead of the most confident one; where it runs is not what these tests check.
     deadline = time.monotonic() + timeout_s
+    seen = None
     while time.monotonic() < deadline:
-        if await h.redis.hget(h.keys.request(engine, rid), "state") == state:
-            return
+        with contextlib.suppress(AssertionError):  # not queued yet
+            engine, fields = await _request_fields(h, rid)
+            seen = (engine, fields.get("state"))
+            if seen[1] == state:
+                return
         await asyncio.sleep(0.05)
-    raise AssertionError(f"{rid} never reached {state}")
+    raise AssertionError(f"{rid} never reached {state} (last seen: {seen})")
 
 
 async def test_a_caller_that_goes_away_cancels_its_request(http: Http) -> None:
@@ -267,7 +274,7 @@ async def test_a_caller_that_goes_away_cancels_its_request(http: Http) -> None:
     async with httpx.AsyncClient(base_url=http.base_url, timeout=1.0) as raw:
         with pytest.raises(httpx.ReadTimeout):
             await raw.post("/chat/completions", json=body, headers={"X-Chimera-Request-Id": "gone-1"})
-        await _wait_state(http, "e1", "gone-1", "cancelled")
+        await _wait_state(http, "gone-1", "cancelled")
         headers = {"X-Chimera-Request-Id": "gone-2"}
         async with raw.stream(
             "POST", "/chat/completions", json={**body, "stream": True}, headers=headers
@@ -278,7 +285,7 @@ async def test_a_caller_that_goes_away_cancels_its_request(http: Http) -> None:
                 first.startswith("data: ")
                 and json.loads(first[6:])["choices"][0]["delta"]["role"] == "assistant"
             )
-        await _wait_state(http, "e1", "gone-2", "cancelled")
+        await _wait_state(http, "gone-2", "cancelled")
     # Both were one-stage workflows: their programs are gone too.
     assert [k async for k in http.redis.scan_iter(match=http.keys.program_pattern())] == []
 
