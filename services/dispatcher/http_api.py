@@ -38,7 +38,7 @@ from services.common.types import ChatMessage
 from services.dispatcher.dispatch import Dispatcher
 from services.dispatcher.errors import DispatchError, InvalidRequest
 from services.dispatcher.handoff import Delta, Dispatched, Final
-from services.dispatcher.intake import Intake
+from services.dispatcher.intake import AUTO_MODEL, Intake
 from services.dispatcher.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -145,8 +145,8 @@ class OpenAIFrontDoor:
         return {"status": "ok"}
 
     async def models(self) -> dict[str, Any]:
-        names = sorted({e.model for e in await self._d.engines() if e.model})
-        data = [{"id": n, "object": "model", "created": 0, "owned_by": "chimera"} for n in ["auto", *names]]
+        names = [AUTO_MODEL, *sorted({e.model for e in await self._d.engines() if e.model})]
+        data = [{"id": n, "object": "model", "created": 0, "owned_by": "chimera"} for n in names]
         return {"object": "list", "data": data}
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
