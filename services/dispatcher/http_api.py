@@ -256,7 +256,17 @@ class OpenAIFrontDoor:
                 rest = item.text[len(sent) :]
                 yield _sse(chunk_body(kind, rid, model, created, text=rest, finish_reason=item.finish_reason))
                 if include_usage:
-                    yield _sse(chunk_body(kind, rid, model, created, usage_of=item))
+                    yield _sse(
+                        chunk_body(
+                            kind,
+                            rid,
+                            model,
+                            created,
+                            usage_of=item,
+                            program_id=ident.program_id,
+                            stage=d.request.stage,
+                        )
+                    )
             yield "data: [DONE]\n\n"
         except DispatchError as e:
             yield _sse(domain_error(e.code, str(e))[1])

@@ -148,8 +148,11 @@ def chunk_body(
     role: bool = False,
     finish_reason: str | None = None,
     usage_of: Final | None = None,
+    program_id: str = "",
+    stage: int = 0,
 ) -> dict[str, Any]:
-    """One streamed chunk. ``usage_of`` makes it the final usage-only chunk (``choices`` empty)."""
+    """One streamed chunk. ``usage_of`` makes it the final usage-only chunk (``choices`` empty), which also
+    carries Chimera's own fields, as a whole completion does."""
     body: dict[str, Any] = {
         "id": response_id(kind, request_id),
         "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
@@ -159,6 +162,7 @@ def chunk_body(
     if usage_of is not None:
         body["choices"] = []
         body["usage"] = usage(usage_of)
+        body["chimera"] = chimera_info(usage_of, program_id, stage)
         return body
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
     if kind == "chat":

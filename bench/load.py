@@ -1,0 +1,262 @@
+"""Load benchmark: how much the front door holds and what it costs, with engines that are not the bottleneck.
+
+``python -m bench.load`` (``make bench-load``) starts a stack of SIMULATED engines (a measuring instrument:
+they stand in for GPUs so that only Chimera's own processes are measured) and drives it from a client in its
+own process (``bench.load_client``). Phases:
+
+1. **throughput**: one-stage requests back to back at 1, 16, 64 and 256 in flight, through gRPC and HTTP;
+   stages/s, ``dispatch_ms`` p50/p99, and the CPU-seconds each process spent per 1,000 stages. The engines
+   run 256 sequences each, 1000 times faster than the profile: they never queue.
+2. **streams**: thousands of streams opened at once and held while tokens trickle (one token a second and a
+   half): the most open at the same time and every error. The engines have room for all of them.
+3. **overload** (only when the dispatcher bounds its queues): the pool's capacity is measured first (closed
+   loop at its saturation), then requests arrive at ten times that rate; completed, browned out, refused
+   (429 / RESOURCE_EXHAUSTED, with or without ``Retry-After``), other errors, and the admitted requests'
+   queue wait against the bound.
+
+Results go to ``bench/results/<name>.json`` and ``.md``. CPU figures are per process, from ``psutil``, over
+each phase alone; the client's own process is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import psutil  # type: ignore[import-untyped]
+
+from bench.load_client import Phase
+from bench.load_report import write_results
+from services.common.types import EngineProfile
+from services.launcher.config import LauncherSettings
+from services.launcher.pool import EngineSpec, PoolSpec
+from services.launcher.stack import Stack, running_stack
+
+log = logging.getLogger("bench.load")
+RESULTS = Path(__file__).with_name("results")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadConfig:
+    name: str = "load"
+    concurrencies: tuple[int, ...] = (1, 16, 64, 256)
+    doors: tuple[str, ...] = ("grpc", "http")
+    duration_s: float = 10.0
+    streams: int = 5000
+    stream_ramp_s: float = 10.0
+    stream_tokens: int = 16
+    overload: bool = True
+    overload_factor: float = 10.0
+    overload_s: float = 20.0
+    # Extra dispatcher settings for every stack (e.g. the admission bounds).
+    dispatcher_env: tuple[tuple[str, str], ...] = ()
+
+
+def _engine(eid: str, model: str, profile: EngineProfile, seqs: int, time_scale: float) -> EngineSpec:
+    # The worker's own length model is set far above max_tokens: every request produces exactly max_tokens.
+    return EngineSpec(
+        id=eid,
+        model=model,
+        kind="simulated",
+        max_num_seqs=seqs,
+        stand_in="qwen2.5-1.5b",
+        env={
+            "time_scale": f"{time_scale:g}",
+            "profile_json": profile.to_json(),
+            "sim_length_median": "1e9",
+            "sim_length_sigma": "0",
+        },
+    )
+
+
+def _pool(profile: EngineProfile, seqs: int, time_scale: float) -> PoolSpec:
+    return PoolSpec(
+        engines=(
+            _engine("fast", "sim-small", profile, seqs, time_scale),
+            _engine(
+                "slow",
+                "sim-big",
+                replace(profile, decode_ms_per_token=profile.decode_ms_per_token * 2),
+                seqs,
+                time_scale,
+            ),
+        )
+    )
+
+
+# Throughput: a 1.5B-like step curve, run 1000x faster than profiled, 256 sequences: never the bottleneck.
+FAST = EngineProfile(8.0, 256, 0.0, ((1, 8.0), (256, 16.0)))
+# Streams: one token every 1.5 s whatever the batch, so thousands of streams stay open together.
+TRICKLE = EngineProfile(1500.0, 4096, 0.0, ((1, 1500.0), (4096, 1500.0)))
+# Overload: a small pool with a finite capacity (8 sequences per engine, 20 ms steps).
+SMALL = EngineProfile(20.0, 8, 0.0, ((1, 20.0), (8, 20.0)))
+
+
+def _groups(stack: Stack) -> dict[str, tuple[int, bool]]:
+    groups = {c.name: (c.proc.pid, True) for c in stack.supervisor.children if c.proc is not None}
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if p.name().startswith("redis-server"):
+                groups["redis"] = (p.pid, False)
+    return groups
+
+
+def _cpu(groups: Mapping[str, tuple[int, bool]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, (pid, tree) in groups.items():
+        total = 0.0
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            for p in [root, *(root.children(recursive=True) if tree else [])]:
+                with contextlib.suppress(psutil.Error):
+                    t = p.cpu_times()
+                    total += t.user + t.system
+        out[name] = total
+    return out
+
+
+def run_phase(phase: Phase, groups: Mapping[str, tuple[int, bool]]) -> dict[str, Any]:
+    """Run one phase in a client process; the result with the CPU each stack process spent meanwhile."""
+    before = _cpu(groups)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.load_client"],
+        input=json.dumps(asdict(phase)),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    after = _cpu(groups)
+    if proc.returncode != 0:
+        raise RuntimeError(f"load client failed: {proc.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout)
+    cpu = {k: round(after[k] - before.get(k, 0.0), 3) for k in after}
+    result["cpu_s"] = cpu
+    stages = max(1, result["ok"])
+    result["cpu_s_per_1k_stages"] = {k: round(v * 1000 / stages, 3) for k, v in cpu.items()}
+    result["cpu_s_per_1k_stages_total"] = round(sum(cpu.values()) * 1000 / stages, 3)
+    log.info(
+        "%s %s c=%s n=%s: %.1f stages/s, %s, dispatch p50 %.1f ms p99 %.1f ms, %.2f CPU-s/1k stages",
+        phase.kind,
+        phase.door,
+        phase.concurrency,
+        phase.streams or result["requests"],
+        result["stages_per_s"],
+        result["by_status"],
+        result["dispatch_ms_p50"],
+        result["dispatch_ms_p99"],
+        result["cpu_s_per_1k_stages_total"],
+    )
+    return result
+
+
+@contextlib.contextmanager
+def _stack(
+    state: Path, pool: PoolSpec, cfg: LoadConfig
+) -> Iterator[tuple[Stack, dict[str, tuple[int, bool]]]]:
+    settings = LauncherSettings.ephemeral(state, start_timeout_s=300)
+    with running_stack(settings, pool, dispatcher_env=dict(cfg.dispatcher_env)) as stack:
+        yield stack, _groups(stack)
+
+
+def _phase(stack: Stack, **kw: Any) -> Phase:
+    return Phase(grpc_addr=stack.dispatcher_addr, http_addr=stack.http_addr, **kw)
+
+
+def throughput(cfg: LoadConfig, state: Path) -> list[dict[str, Any]]:
+    out = []
+    with _stack(state / "throughput", _pool(FAST, 256, 1000.0), cfg) as (stack, groups):
+        run_phase(
+            _phase(stack, kind="closed", door="grpc", concurrency=16, duration_s=3.0), groups
+        )  # warm-up
+        for door in cfg.doors:
+            for c in cfg.concurrencies:
+                out.append(
+                    run_phase(
+                        _phase(stack, kind="closed", door=door, concurrency=c, duration_s=cfg.duration_s),
+                        groups,
+                    )
+                )
+    return out
+
+
+def streams(cfg: LoadConfig, state: Path) -> list[dict[str, Any]]:
+    out = []
+    seqs = min(4096, cfg.streams)  # the most a worker takes; two engines hold 8192
+    for door in cfg.doors:
+        with _stack(state / f"streams-{door}", _pool(TRICKLE, seqs, 1.0), cfg) as (stack, groups):
+            phase = _phase(
+                stack, kind="streams", door=door, streams=cfg.streams, ramp_s=cfg.stream_ramp_s,
+                max_tokens=cfg.stream_tokens,
+            )  # fmt: skip
+            out.append(run_phase(phase, groups))
+    return out
+
+
+def overload(cfg: LoadConfig, state: Path) -> dict[str, Any]:
+    with _stack(state / "overload", _pool(SMALL, 8, 1.0), cfg) as (stack, groups):
+        cap = run_phase(
+            _phase(stack, kind="closed", door="grpc", concurrency=64, duration_s=cfg.duration_s), groups
+        )
+        rate = cap["stages_per_s"] * cfg.overload_factor
+        runs = {
+            door: run_phase(
+                _phase(stack, kind="open", door=door, rate=rate, duration_s=cfg.overload_s), groups
+            )
+            for door in cfg.doors
+        }
+    return {"capacity_stages_per_s": cap["stages_per_s"], "rate": rate, "capacity_run": cap, **runs}
+
+
+def run(cfg: LoadConfig) -> dict[str, Any]:
+    result: dict[str, Any] = {"config": asdict(cfg)}
+    with tempfile.TemporaryDirectory(prefix="chimera-load-") as tmp:
+        state = Path(tmp)
+        result["throughput"] = throughput(cfg, state)
+        result["streams"] = streams(cfg, state)
+        if cfg.overload:
+            result["overload"] = overload(cfg, state)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    d = LoadConfig()
+    ap = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--name", default=d.name, help="result file stem in bench/results/")
+    ap.add_argument("--duration", type=float, default=d.duration_s, help="seconds per throughput phase")
+    ap.add_argument("--streams", type=int, default=d.streams)
+    ap.add_argument("--concurrencies", type=int, nargs="+", default=list(d.concurrencies))
+    ap.add_argument("--doors", nargs="+", default=list(d.doors), choices=["grpc", "http"])
+    ap.add_argument("--no-overload", action="store_true")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a dispatcher setting")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    env = tuple(tuple(kv.split("=", 1)) for kv in args.set)
+    cfg = LoadConfig(
+        name=args.name,
+        concurrencies=tuple(args.concurrencies),
+        doors=tuple(args.doors),
+        duration_s=args.duration,
+        streams=args.streams,
+        overload=not args.no_overload,
+        dispatcher_env=env,
+    )
+    started = time.perf_counter()
+    result = run(cfg)
+    result["runtime_s"] = round(time.perf_counter() - started, 1)
+    result["command"] = "python -m bench.load " + " ".join(argv if argv is not None else sys.argv[1:])
+    write_results(result, RESULTS / cfg.name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""The load benchmark's client, run in its own process: ``python -m bench.load_client`` reads one phase as
+JSON on stdin and prints its result as JSON on stdout.
+
+Three kinds of phase, each through the gRPC door (the SDK) or the OpenAI HTTP door (httpx, SSE streaming):
+
+- ``closed``: ``concurrency`` callers each send one-stage requests back to back for ``duration_s``;
+- ``streams``: ``streams`` requests opened at once (ramped over ``ramp_s``), each held until its last token;
+  it reports how many were open at the same time;
+- ``open``: Poisson arrivals at ``rate`` per second for ``duration_s``, whatever the answers (overload).
+
+Every request is a one-stage workflow with a fresh program id. Outcomes are counted by status (``ok``, or
+the gRPC status name / HTTP status the request failed with).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+from services.sdk import AsyncClient, ChimeraError, Completion, Sampling
+
+PROMPT = "Write a function that returns the n-th Fibonacci number."
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    kind: str  # closed | streams | open
+    door: str  # grpc | http
+    grpc_addr: str
+    http_addr: str
+    max_tokens: int = 16
+    concurrency: int = 1
+    duration_s: float = 10.0
+    streams: int = 0
+    ramp_s: float = 5.0
+    rate: float = 0.0
+    seed: int = 0
+    timeout_s: float = 600.0
+
+
+@dataclass
+class Outcome:
+    status: str = "ok"
+    dispatch_ms: float = 0.0
+    queue_wait_s: float = 0.0
+    e2e_s: float = 0.0
+    retry_after: str | None = None  # on a refusal: the Retry-After the server sent
+    browned_out: bool = False
+
+
+@dataclass
+class Tally:
+    outcomes: list[Outcome] = field(default_factory=list)
+    open_now: int = 0
+    open_max: int = 0
+
+
+Send = Callable[[Tally], Awaitable[Outcome]]
+
+
+def grpc_sender(client: AsyncClient, p: Phase) -> Send:
+    sampling = Sampling(max_tokens=p.max_tokens, temperature=0.0)
+
+    async def send(t: Tally) -> Outcome:
+        t0, opened = time.perf_counter(), False
+        try:
+            async for ev in client.stream(
+                PROMPT, program_id=f"load-{uuid.uuid4().hex}", stage=0, workflow="load", sampling=sampling
+            ):
+                if not opened:
+                    opened = _opened(t)
+                if isinstance(ev, Completion):
+                    return Outcome(
+                        dispatch_ms=ev.dispatch_ms,
+                        queue_wait_s=ev.queue_wait_s,
+                        e2e_s=time.perf_counter() - t0,
+                        browned_out=bool(getattr(ev, "browned_out_from", "")),
+                    )
+            return Outcome("NO_FINAL")
+        except ChimeraError as e:
+            return Outcome(e.code, retry_after=_meta(e, "retry-after"))
+        finally:
+            if opened:
+                t.open_now -= 1
+
+    return send
+
+
+def _meta(e: ChimeraError, key: str) -> str | None:
+    value = getattr(e, "metadata", {}).get(key)
+    return None if value is None else str(value)
+
+
+def http_sender(client: httpx.AsyncClient, p: Phase) -> Send:
+    body = {
+        "model": "auto",
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": p.max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+    async def send(t: Tally) -> Outcome:
+        t0, opened = time.perf_counter(), False
+        try:
+            async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                if r.status_code != 200:
+                    await r.aread()
+                    return Outcome(f"HTTP {r.status_code}", retry_after=r.headers.get("retry-after"))
+                out = Outcome("NO_FINAL", browned_out="x-chimera-brownout-from" in r.headers)
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    if not opened:
+                        opened = _opened(t)
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        out.status = f"SSE {chunk['error'].get('code')}"
+                    elif info := chunk.get("chimera"):
+                        out.status, out.dispatch_ms = "ok", float(info["dispatch_ms"])
+                        out.queue_wait_s = float(info["queue_wait_s"])
+                out.e2e_s = time.perf_counter() - t0
+                return out
+        except httpx.HTTPError as e:
+            return Outcome(f"transport {type(e).__name__}")
+        finally:
+            if opened:
+                t.open_now -= 1
+
+    return send
+
+
+def _opened(t: Tally) -> bool:
+    t.open_now += 1
+    t.open_max = max(t.open_max, t.open_now)
+    return True
+
+
+async def closed(send: Send, t: Tally, p: Phase) -> None:
+    stop = time.perf_counter() + p.duration_s
+
+    async def caller() -> None:
+        while time.perf_counter() < stop:
+            t.outcomes.append(await send(t))
+
+    await asyncio.gather(*(caller() for _ in range(p.concurrency)))
+
+
+async def streams(send: Send, t: Tally, p: Phase) -> None:
+    async def one(delay: float) -> None:
+        await asyncio.sleep(delay)
+        t.outcomes.append(await send(t))
+
+    await asyncio.gather(*(one(p.ramp_s * i / max(1, p.streams)) for i in range(p.streams)))
+
+
+async def open_loop(send: Send, t: Tally, p: Phase) -> None:
+    rng, tasks = random.Random(p.seed), []
+    stop = time.perf_counter() + p.duration_s
+
+    async def one() -> None:
+        t.outcomes.append(await send(t))
+
+    while time.perf_counter() < stop:
+        tasks.append(asyncio.create_task(one()))
+        await asyncio.sleep(rng.expovariate(p.rate))
+    await asyncio.gather(*tasks)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def summary(t: Tally, elapsed_s: float) -> dict[str, Any]:
+    ok = [o for o in t.outcomes if o.status == "ok"]
+    refused = [o for o in t.outcomes if o.status in ("RESOURCE_EXHAUSTED", "HTTP 429")]
+    return {
+        "requests": len(t.outcomes),
+        "elapsed_s": elapsed_s,
+        "stages_per_s": len(ok) / elapsed_s if elapsed_s else 0.0,
+        "by_status": dict(Counter(o.status for o in t.outcomes)),
+        "ok": len(ok),
+        "refused": len(refused),
+        "refused_with_retry_after": sum(o.retry_after is not None for o in refused),
+        "browned_out": sum(o.browned_out for o in ok),
+        "errors_other": len(t.outcomes) - len(ok) - len(refused),
+        "open_max": t.open_max,
+        "dispatch_ms_p50": _pct([o.dispatch_ms for o in ok], 0.5),
+        "dispatch_ms_p99": _pct([o.dispatch_ms for o in ok], 0.99),
+        "queue_wait_s_p50": _pct([o.queue_wait_s for o in ok], 0.5),
+        "queue_wait_s_p99": _pct([o.queue_wait_s for o in ok], 0.99),
+        "e2e_s_p50": _pct([o.e2e_s for o in ok], 0.5),
+        "e2e_s_p99": _pct([o.e2e_s for o in ok], 0.99),
+    }
+
+
+async def run(p: Phase) -> dict[str, Any]:
+    kind = {"closed": closed, "streams": streams, "open": open_loop}[p.kind]
+    t = Tally()
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
+    async with (
+        AsyncClient(p.grpc_addr, default_timeout_s=p.timeout_s) as grpc_client,
+        httpx.AsyncClient(base_url=f"http://{p.http_addr}", timeout=p.timeout_s, limits=limits) as http,
+    ):
+        send = grpc_sender(grpc_client, p) if p.door == "grpc" else http_sender(http, p)
+        t0 = time.perf_counter()
+        await kind(send, t, p)
+        elapsed = time.perf_counter() - t0
+    return {"phase": asdict(p), **summary(t, elapsed)}
+
+
+def main() -> None:
+    phase = Phase(**json.loads(sys.stdin.read()))
+    json.dump(asyncio.run(run(phase)), sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
