@@ -56,6 +56,7 @@ class Outcome:
     e2e_s: float = 0.0
     retry_after: str | None = None  # on a refusal: the Retry-After the server sent
     browned_out: bool = False
+    detail: str = ""  # what a failure said
 
 
 @dataclass
@@ -88,7 +89,9 @@ def grpc_sender(client: AsyncClient, p: Phase) -> Send:
                     )
             return Outcome("NO_FINAL")
         except ChimeraError as e:
-            return Outcome(e.code, retry_after=_meta(e, "retry-after"))
+            cause = e.__cause__ or e.__context__
+            dbg = cause.debug_error_string() if hasattr(cause, "debug_error_string") else ""
+            return Outcome(e.code, retry_after=_meta(e, "retry-after"), detail=f"{e.details} {dbg}"[:300])
         finally:
             if opened:
                 t.open_now -= 1
@@ -199,6 +202,7 @@ def summary(t: Tally, elapsed_s: float) -> dict[str, Any]:
         "browned_out": sum(o.browned_out for o in ok),
         "errors_other": len(t.outcomes) - len(ok) - len(refused),
         "open_max": t.open_max,
+        "failure_samples": sorted({f"{o.status}: {o.detail}" for o in t.outcomes if o.status != "ok"})[:10],
         "dispatch_ms_p50": _pct([o.dispatch_ms for o in ok], 0.5),
         "dispatch_ms_p99": _pct([o.dispatch_ms for o in ok], 0.99),
         "queue_wait_s_p50": _pct([o.queue_wait_s for o in ok], 0.5),

@@ -91,9 +91,9 @@ class TracePredictor:
     def __init__(self, by_program: Mapping[str, Workflow]) -> None:
         self._by_program = by_program
 
-    async def predict(self, request: StageRequest, model: str) -> Prediction:
-        y = self._by_program[request.program_id].y[model][request.stage]
-        return Prediction(p50=y, p90=2 * y)
+    async def predict(self, request: StageRequest, models: Sequence[str]) -> Mapping[str, Prediction]:
+        ys = self._by_program[request.program_id].y
+        return {m: Prediction(p50=ys[m][request.stage], p90=2 * ys[m][request.stage]) for m in models}
 
 
 def _text(w: Workflow) -> str:
@@ -166,8 +166,7 @@ class Lockstep:
         tokens = w.outputs[stage]
         assert await self.store.complete(claimed, StageResult("text", "stop", 10, tokens), None)
         self.ledger.complete(claimed.engine, rid)
-        # What the front door does as it relays a final answer (MLFQ's attained service).
-        await self.store.credit_program(w.program_id, tokens)
+        # The store credited the program's attained service as it completed the stage (MLFQ reads it).
         self.attained[w.program_id] = self.attained.get(w.program_id, 0) + tokens
         if stage + 1 < len(w.outputs):
             await self.dispatch(w, stage + 1)

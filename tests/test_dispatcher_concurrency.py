@@ -15,6 +15,7 @@ import time
 import zlib
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -50,10 +51,13 @@ class FakeRouter:
 class FakePredictor:
     """A deterministic, model-specific prediction, so a re-prediction for another model is visible."""
 
-    async def predict(self, request: StageRequest, model: str) -> Prediction:
+    async def predict(self, request: StageRequest, models: Sequence[str]) -> Mapping[str, Prediction]:
         await asyncio.sleep(0)
-        y = 1 + zlib.crc32(f"{request.request_id}/{model}".encode()) % 700
-        return Prediction(y, 2 * y)
+        out = {}
+        for m in models:
+            y = 1 + zlib.crc32(f"{request.request_id}/{m}".encode()) % 700
+            out[m] = Prediction(y, 2 * y)
+        return out
 
 
 async def _register(r: Redis, keys: Keys) -> None:
@@ -123,7 +127,7 @@ async def test_replicas_keep_inflight_accounting_exact(private_redis: PrivateRed
             expected[d.engine] += d.prediction.p50
             engine_of[d.request.program_id].add(d.engine)
             # The stored prediction is the one for the engine's model (re-predicted after a lost race).
-            assert d.prediction == await FakePredictor().predict(d.request, d.model)
+            assert d.prediction == (await FakePredictor().predict(d.request, [d.model]))[d.model]
             assert ENGINES[d.engine][0] == d.model
         for eid in ENGINES:
             load = int(await r.hget(keys.engine_info(eid), "load") or 0)
@@ -153,16 +157,13 @@ async def test_replicas_keep_inflight_accounting_exact(private_redis: PrivateRed
             await c.aclose()
 
 
-class FakeRacingPredictor:
-    """Enqueues a copy of the request mid-dispatch, as a retry racing its original through another replica."""
+class RacedStore(QueueStore):
+    """Lets a copy of the request in just before its own enqueue, as a retry racing its original through
+    another replica after every earlier check passed: ENQUEUE is the authority then."""
 
-    def __init__(self, store: QueueStore) -> None:
-        self._store = store
-
-    async def predict(self, request: StageRequest, model: str) -> Prediction:
-        engine = next(e for e, (m, _, _) in ENGINES.items() if m == model)
-        assert await self._store.enqueue(engine, request, Prediction(5, 5), 5.0, time.time(), {})
-        return Prediction(7, 7)
+    async def enqueue(self, engine: str, req: StageRequest, pred: Prediction, *args: Any) -> bool:
+        assert await super().enqueue(engine, req, Prediction(5, 5), 5.0, time.time(), {})
+        return await super().enqueue(engine, req, pred, *args)
 
 
 async def test_duplicate_that_wins_the_race_leaves_no_assignment(
@@ -170,8 +171,8 @@ async def test_duplicate_that_wins_the_race_leaves_no_assignment(
 ) -> None:
     settings = DispatcherSettings(redis_url=private_redis.url, key_prefix=keys.prefix)
     await _register(redis_client, keys)
-    store = QueueStore(redis_client, keys)
-    d = Dispatcher(store, redis_client, FakeRouter(1), FakeRacingPredictor(store), settings)
+    store = RacedStore(redis_client, keys)
+    d = Dispatcher(store, redis_client, FakeRouter(1), FakePredictor(), settings)
     with pytest.raises(DuplicateRequest):
         await d.dispatch(_req("p-dup", 0, "r-dup"))
     assert not await redis_client.exists(keys.program("p-dup"))

@@ -102,7 +102,8 @@ async def test_generate_streams_deltas_then_one_final(stack: Stack) -> None:
     out = await _collect(stack.stub, _gen(request_id="r-ok"))
     deltas = [r.delta for r in out if r.HasField("delta")]
     finals = [r.final for r in out if r.HasField("final")]
-    assert [d.text for d in deltas] == ["Hel", "lo"] and all(d.attempt == 1 for d in deltas)
+    # Deltas that reach the front door together go out as one message: the text, not the split, is kept.
+    assert "".join(d.text for d in deltas) == "Hello" and all(d.attempt == 1 for d in deltas)
     assert len(finals) == 1 and out[-1].HasField("final")
     f = finals[0]
     # Idle pool: both engines have L = 0, so the more confident m-big passes slack and margin.
@@ -116,10 +117,11 @@ async def test_generate_streams_deltas_then_one_final(stack: Stack) -> None:
     assert (f.usage.prompt_tokens, f.usage.completion_tokens, f.attempts) == (7, 2, 1)
     assert (f.predicted_tokens, f.predicted_tokens_p90) == (40, 80)
     assert f.dispatch_ms > 0 and f.e2e_s >= f.queue_wait_s >= 0
-    # The Table 1 split: each part was spent (a first stage asks both models) and together they fit in it.
+    # The Table 1 split: each part was spent; the router and the predictor run at once on a first stage, so
+    # the longer of the two plus the rest fits in the whole.
     t = f.dispatch_timings
     assert min(t.router_ms, t.predictor_ms, t.policy_ms, t.redis_ms) > 0
-    assert t.router_ms + t.predictor_ms + t.policy_ms + t.redis_ms <= f.dispatch_ms
+    assert max(t.router_ms, t.predictor_ms) + t.policy_ms + t.redis_ms <= f.dispatch_ms
     fields = await stack.store.request_fields("e1", "r-ok")
     decision = json.loads(fields["decision"])
     assert decision["branch"] == "new" and decision["degraded"] == [] and decision["y"] == 40

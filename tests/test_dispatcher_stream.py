@@ -29,8 +29,8 @@ class FakeRouter:
 
 
 class FakePredictor:
-    async def predict(self, request: StageRequest, model: str) -> Prediction:
-        return Prediction(50, 90)
+    async def predict(self, request: StageRequest, models: Sequence[str]) -> Mapping[str, Prediction]:
+        return dict.fromkeys(models, Prediction(50, 90))
 
 
 def _req(rid: str) -> StageRequest:
@@ -62,7 +62,8 @@ async def _setup(private_redis: PrivateRedis, keys: Keys, r: Redis) -> tuple[Dis
 
 
 async def _drain(dispatcher: Dispatcher, d: Dispatched) -> list[StreamItem]:
-    return [item async for item in stream_output(dispatcher.store, dispatcher.redis, d, block_ms=50)]
+    stream = stream_output(dispatcher.hub, dispatcher.store, d, block_ms=50, probe_s=0.1)
+    return [item async for item in stream]
 
 
 async def test_rerun_after_worker_death_streams_the_winning_attempt(

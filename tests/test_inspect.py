@@ -55,10 +55,10 @@ class FakeConfidence:
 
 
 class FakeLength:
-    async def predict(self, request: StageRequest, model: str) -> Prediction:
+    async def predict(self, request: StageRequest, models: Sequence[str]) -> Mapping[str, Prediction]:
         m = re.search(r"len=(\d+)", request.user_text())
         y = int(m.group(1)) if m else 40
-        return Prediction(p50=y, p90=2 * y)
+        return dict.fromkeys(models, Prediction(p50=y, p90=2 * y))
 
 
 class FakeClock:

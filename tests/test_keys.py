@@ -27,6 +27,7 @@ PINNED = {
     "request": (K.request("e0", "r1"), "chimera:{e0}:req:r1"),
     "output": (K.output("e0", "r1"), "chimera:{e0}:out:r1"),
     "traces": (K.traces("e0"), "chimera:{e0}:traces"),
+    "notify": (K.notify("e0"), "chimera:{e0}:notify"),
     "program": (K.program("p1"), "chimera:prog:p1"),
     "program_pattern": (K.program_pattern(), "chimera:prog:*"),
     "outcomes": (K.outcomes(), "chimera:outcomes"),
@@ -69,7 +70,10 @@ def test_every_key_is_pinned_and_documented() -> None:
 
 def test_keys_of_one_engine_share_its_hash_tag() -> None:
     # One Lua script touches one engine's keys: on a Redis Cluster they must map to one slot.
-    for key in (K.engine_info("e0"), K.queue("e0"), K.inflight("e0"), K.claims("e0"), K.request("e0", "r")):
+    for key in (
+        K.engine_info("e0"), K.queue("e0"), K.inflight("e0"), K.claims("e0"), K.request("e0", "r"),
+        K.output("e0", "r"), K.notify("e0"),
+    ):  # fmt: skip
         assert "{e0}" in key
 
 

@@ -76,7 +76,8 @@ async def test_async_workflow_carries_program_and_stage_and_ends_with_outcome(sd
         review = await wf.run_stage([{"role": "user", "content": "review"}], sampling=Sampling(max_tokens=16))
         wf.set_outcome(0.75)
         assert not await sdk.redis.exists(sdk.keys.outcomes())  # nothing is sent before the block ends
-    assert [type(e).__name__ for e in events] == ["TextDelta", "TextDelta", "Completion"]
+    # One or two deltas: those that reach the front door together go out as one.
+    assert [type(e).__name__ for e in events][-1] == "Completion" and len(events) in (2, 3)
     assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "Hello"
     stream_final = events[-1]
     assert isinstance(stream_final, Completion)

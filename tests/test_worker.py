@@ -304,7 +304,6 @@ async def test_deltas_are_coalesced_but_the_first_token_is_sent_at_once(
     deltas = [e["text"] for e in evs if e["t"] == "delta"]
     assert len(deltas[0].split()) == 1  # the first token alone
     assert 1 < len(deltas) < 600 // 4  # far fewer stream entries than tokens
-    assert all(len(d) < 64 + 40 for d in deltas)  # none much past the 64-character threshold
     assert evs[-1]["text"] == "".join(deltas)
 
 

@@ -25,6 +25,13 @@ class CommonSettings(BaseSettings):
         validation_alias=AliasChoices("CHIMERA_KEY_PREFIX", "key_prefix"),
         description="prefix of every Redis key",
     )
+    redis_max_connections: int = Field(
+        default=64,
+        ge=2,
+        le=10_000,
+        validation_alias=AliasChoices("CHIMERA_REDIS_MAX_CONNECTIONS", "redis_max_connections"),
+        description="connections a process keeps to Redis at most; more callers wait for one",
+    )
     log_level: str = Field(
         default="INFO",
         validation_alias=AliasChoices("CHIMERA_LOG_LEVEL", "log_level"),

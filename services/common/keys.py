@@ -121,6 +121,15 @@ class Keys:
         """
         return f"{self.prefix}:{{{engine}}}:out:{request_id}"
 
+    @key("STREAM", "queue scripts (every output event)", "MAXLEN")
+    def notify(self, engine: str) -> str:
+        """One entry (field ``r``: the request id) per output event of the engine's requests.
+
+        Each dispatcher process reads the notify streams of the engines it streams from with one blocking
+        XREAD, then fetches the new events of the requests it serves: open streams cost no connection each.
+        """
+        return f"{self.prefix}:{{{engine}}}:notify"
+
     @key("STREAM", "completion script", "MAXLEN")
     def traces(self, engine: str) -> str:
         """One trace row per completed stage (JSON in field ``row``), appended by the completion script.

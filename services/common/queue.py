@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.typing import EncodableT, KeyT, StreamIdT
 
 from services.common import queue_scripts as lua
 from services.common.keys import Keys
 from services.common.types import ClaimedRequest, Prediction, StageRequest, StageResult, TraceRow
+
+READ_BATCH = 512  # output events one read returns at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +30,7 @@ class Retention:
     request_ttl_s: int = 3600  # how long a request hash lives while it waits or runs
     finished_ttl_s: int = 300  # how long a finished request and its output stream stay readable
     stream_maxlen: int = 10_000  # output events kept per request (deltas are coalesced by the worker)
+    notify_maxlen: int = 100_000  # notifications kept per engine (a reader further behind polls instead)
     traces_maxlen: int = 200_000  # trace rows kept per engine
     max_attempts: int = 3  # claims before a request that keeps killing workers is failed
 
@@ -60,11 +65,16 @@ class QueueStore:
         self._reap = redis.register_script(lua.REAP)
         self._assign = redis.register_script(lua.ASSIGN)
         self._credit = redis.register_script(lua.CREDIT)
+        self._publish = redis.register_script(lua.PUBLISH)
         self._unassign = redis.register_script(lua.UNASSIGN)
 
     @property
     def keys(self) -> Keys:
         return self._k
+
+    @property
+    def redis(self) -> Redis:
+        return self._r
 
     def _req_prefix(self, engine: str) -> str:
         return self._k.request(engine, "")
@@ -81,21 +91,39 @@ class QueueStore:
         confidences: Mapping[str, float],
     ) -> tuple[str, str, str]:
         """Record or check a program's assignment. Returns (status, engine, model); see ASSIGN."""
-        res = await self._assign(
-            keys=[self._k.program(program_id)],
-            args=[
-                engine,
-                model,
-                workflow,
-                stage,
-                request_id,
-                ttl_s,
-                json.dumps(dict(confidences)),
-                time.time(),
-            ],
+        pipe = self._r.pipeline(transaction=False)
+        await self.queue_assign(
+            pipe, program_id, engine, model, workflow, stage, request_id, ttl_s, confidences
         )
+        (res,) = await pipe.execute()
         status, eng, mdl = (str(x) for x in res)
         return status, eng, mdl
+
+    async def queue_assign(
+        self,
+        pipe: Pipeline,
+        program_id: str,
+        engine: str,
+        model: str,
+        workflow: str,
+        stage: int,
+        request_id: str,
+        ttl_s: int,
+        confidences: Mapping[str, float],
+    ) -> None:
+        """Add ``assign`` to ``pipe``, whose result is then [status, engine, model]."""
+        confidences_json = json.dumps(dict(confidences))
+        args: list[EncodableT] = [
+            engine,
+            model,
+            workflow,
+            stage,
+            request_id,
+            ttl_s,
+            confidences_json,
+            time.time(),
+        ]
+        await self._assign(keys=[self._k.program(program_id)], args=args, client=pipe)
 
     async def unassign(self, program_id: str, request_id: str) -> bool:
         """Undo a fresh assignment whose request was refused, if the program still names that request."""
@@ -149,7 +177,7 @@ class QueueStore:
             args=[n, int((now + lease_s) * 1000), worker_id, repr(now), self._req_prefix(engine)],
         )
         out = []
-        for rid, payload, y, y90, t_enq, attempt in rows:
+        for rid, payload, y, y90, t_enq, attempt, t_first in rows:
             out.append(
                 ClaimedRequest(
                     engine=engine,
@@ -159,6 +187,7 @@ class QueueStore:
                     attempt=int(attempt),
                     enqueued_unix=float(t_enq),
                     claimed_unix=now,
+                    first_claimed_unix=float(t_first or now),
                 )
             )
             assert out[-1].request.request_id == rid
@@ -179,12 +208,26 @@ class QueueStore:
         return RenewResult(frozenset(lost), frozenset(cancelled))
 
     async def publish_delta(self, engine: str, request_id: str, attempt: int, text: str) -> None:
-        await self._r.xadd(
-            self._k.output(engine, request_id),
-            {"ev": _ev(t="delta", a=attempt, text=text)},
-            maxlen=self.retention.stream_maxlen,
-            approximate=True,
-        )
+        await self.publish_deltas(engine, [(request_id, attempt, text)])
+
+    async def publish_deltas(self, engine: str, items: Sequence[tuple[str, int, str]]) -> None:
+        """Append one delta each to requests' output streams, (request id, attempt, text), and notify, in
+        one round trip. A stream is kept while its request may still run (the request TTL)."""
+        r, k = self.retention, self._k
+        pipe = self._r.pipeline(transaction=False)
+        for rid, attempt, text in items:
+            await self._publish(
+                keys=[k.output(engine, rid), k.notify(engine)],
+                args=[
+                    rid,
+                    _ev(t="delta", a=attempt, text=text),
+                    r.stream_maxlen,
+                    r.request_ttl_s,
+                    r.notify_maxlen,
+                ],
+                client=pipe,
+            )
+        await pipe.execute()
 
     async def complete(
         self,
@@ -204,7 +247,12 @@ class QueueStore:
             completion_tokens=result.completion_tokens,
             **(extra or {}),
         )
-        return await self._finish(claimed, state, event, trace)
+        done = await self._finish(claimed, state, event, trace)
+        if done:
+            # The program's attained service (what MLFQ orders by): once per completed stage, by the one
+            # attempt that completed it. Its own slot, so not inside COMPLETE.
+            await self.credit_program(claimed.request.program_id, result.completion_tokens)
+        return done
 
     async def fail(self, claimed: ClaimedRequest, code: str, message: str) -> bool:
         """Finish a request with an error (a gRPC status code name). False if the lease was lost."""
@@ -220,6 +268,7 @@ class QueueStore:
                 k.engine_info(c.engine),
                 k.output(c.engine, rid),
                 k.traces(c.engine),
+                k.notify(c.engine),
             ],
             args=[
                 rid,
@@ -231,6 +280,7 @@ class QueueStore:
                 r.stream_maxlen,
                 r.traces_maxlen,
                 repr(time.time()),
+                r.notify_maxlen,
             ],
         )
         return bool(ok)
@@ -245,6 +295,7 @@ class QueueStore:
                 k.inflight(engine),
                 k.engine_info(engine),
                 k.output(engine, request_id),
+                k.notify(engine),
             ],
             args=[
                 request_id,
@@ -259,6 +310,7 @@ class QueueStore:
                 ),
                 self.retention.finished_ttl_s,
                 repr(time.time()),
+                self.retention.notify_maxlen,
             ],
         )
         return str(st)
@@ -268,7 +320,13 @@ class QueueStore:
         k, r = self._k, self.retention
         now = time.time()
         ids = await self._reap(
-            keys=[k.claims(engine), k.queue(engine), k.inflight(engine), k.engine_info(engine)],
+            keys=[
+                k.claims(engine),
+                k.queue(engine),
+                k.inflight(engine),
+                k.engine_info(engine),
+                k.notify(engine),
+            ],
             args=[
                 int(now * 1000),
                 self._req_prefix(engine),
@@ -277,6 +335,7 @@ class QueueStore:
                 r.finished_ttl_s,
                 _ev(t="error", code="UNAVAILABLE", message=f"engine {engine} failed on every attempt"),
                 repr(now),
+                r.notify_maxlen,
             ],
         )
         if ids:
@@ -285,11 +344,26 @@ class QueueStore:
 
     async def read_events(self, engine: str, request_id: str, after: str, block_ms: int) -> list[OutputEvent]:
         """Events after stream id ``after`` ('0' for all), waiting up to ``block_ms`` for the first one."""
-        res: Any = await self._r.xread({self._k.output(engine, request_id): after}, block=block_ms, count=512)
-        out: list[OutputEvent] = []
-        for _stream, entries in res or []:
-            for sid, fields in entries:
-                out.append(OutputEvent(sid, json.loads(fields["ev"])))
+        stream: dict[KeyT, StreamIdT] = {self._k.output(engine, request_id): after}
+        res: Any = await self._r.xread(stream, block=block_ms, count=READ_BATCH)
+        return [OutputEvent(sid, json.loads(f["ev"])) for _stream, entries in res or [] for sid, f in entries]
+
+    async def read_many(
+        self, after: Mapping[tuple[str, str], str]
+    ) -> dict[tuple[str, str], list[OutputEvent]]:
+        """New events of many requests, (engine, request id) -> events after the given stream id, in one
+        round trip: one XREAD per engine (an engine's streams share its hash tag), pipelined."""
+        by_engine: dict[str, dict[KeyT, StreamIdT]] = {}
+        for (engine, rid), sid in after.items():
+            by_engine.setdefault(engine, {})[self._k.output(engine, rid)] = sid
+        pipe = self._r.pipeline(transaction=False)
+        for streams in by_engine.values():
+            pipe.xread(streams, count=READ_BATCH)
+        out: dict[tuple[str, str], list[OutputEvent]] = {}
+        names = {self._k.output(e, rid): (e, rid) for e, rid in after}
+        for res in await pipe.execute():
+            for stream, entries in res or []:
+                out[names[stream]] = [OutputEvent(sid, json.loads(f["ev"])) for sid, f in entries]
         return out
 
     async def request_fields(self, engine: str, request_id: str) -> dict[str, str]:

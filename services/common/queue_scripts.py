@@ -26,6 +26,28 @@ local function release(inflight, info, id)
 end
 """
 
+# Tell the front doors that a request's output stream has a new event: one entry naming the request in the
+# engine's notify stream, which each dispatcher process reads with one blocking XREAD for all its streams.
+_NOTIFY = """
+local function notify(key, id, maxlen)
+  redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', 'r', id)
+end
+"""
+
+# KEYS: output, notify
+# ARGV: id, event_json, stream_maxlen, ttl_s, notify_maxlen
+# Appends one delta event to a request's output stream (which expires ttl_s after its last event) and
+# notifies. Returns 1.
+PUBLISH = (
+    _NOTIFY
+    + """
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'ev', ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+notify(KEYS[2], ARGV[1], ARGV[5])
+return 1
+"""
+)
+
 # KEYS: req, inflight, info, queue, wake
 # ARGV: id, payload, y, y90, score, t_enq, ttl_s, decision, program_id
 # Returns 1 when enqueued, 0 when the request id already exists (nothing is changed).
@@ -44,7 +66,8 @@ return 1
 
 # KEYS: queue, claims, inflight, info
 # ARGV: n, lease_deadline_ms, worker_id, now_s, req_prefix
-# Pops up to n requests in score order and claims each. Returns {id, payload, y, y90, t_enq, attempt}*.
+# Pops up to n requests in score order and claims each.
+# Returns {id, payload, y, y90, t_enq, attempt, t_first_claim}*.
 CLAIM = (
     _RELEASE
     + """
@@ -59,8 +82,8 @@ for _ = 1, tonumber(ARGV[1]) do
     redis.call('HSET', rk, 'state', 'running', 'worker', ARGV[3], 't_claim', ARGV[4])
     if attempt == 1 then redis.call('HSET', rk, 't_first_claim', ARGV[4]) end
     redis.call('ZADD', KEYS[2], ARGV[2], id)
-    local f = redis.call('HMGET', rk, 'payload', 'y', 'y90', 't_enq')
-    out[#out + 1] = {id, f[1], f[2], f[3], f[4], tostring(attempt)}
+    local f = redis.call('HMGET', rk, 'payload', 'y', 'y90', 't_enq', 't_first_claim')
+    out[#out + 1] = {id, f[1], f[2], f[3], f[4], tostring(attempt), f[5]}
   else
     -- Its hash expired while it waited (retention passed): nobody is listening; free its load.
     release(KEYS[3], KEYS[4], id)
@@ -90,12 +113,13 @@ end
 return {lost, cancel}
 """
 
-# KEYS: req, claims, inflight, info, output, traces
+# KEYS: req, claims, inflight, info, output, traces, notify
 # ARGV: id, attempt, final_state, event_json, trace_json ('' for none), retention_s, stream_maxlen,
-#       traces_maxlen, now_s
+#       traces_maxlen, now_s, notify_maxlen
 # Returns 1 if this attempt still held the request and finished it, 0 otherwise (nothing changed).
 COMPLETE = (
     _RELEASE
+    + _NOTIFY
     + """
 local f = redis.call('HMGET', KEYS[1], 'attempt', 'state')
 if f[1] ~= ARGV[2] or f[2] ~= 'running' then return 0 end
@@ -108,16 +132,18 @@ redis.call('EXPIRE', KEYS[5], ARGV[6])
 if ARGV[5] ~= '' then
   redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[8], '*', 'row', ARGV[5])
 end
+notify(KEYS[7], ARGV[1], ARGV[10])
 return 1
 """
 )
 
-# KEYS: req, queue, inflight, info, output
-# ARGV: id, event_json, retention_s, now_s
+# KEYS: req, queue, inflight, info, output, notify
+# ARGV: id, event_json, retention_s, now_s, notify_maxlen
 # A queued request is removed and answered at once; a running one is flagged for its worker, which aborts
 # the engine request and completes it as cancelled. Returns the state the request was found in.
 CANCEL = (
     _RELEASE
+    + _NOTIFY
     + """
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return 'missing' end
@@ -128,6 +154,7 @@ if st == 'queued' then
   redis.call('EXPIRE', KEYS[1], ARGV[3])
   redis.call('XADD', KEYS[5], '*', 'ev', ARGV[2])
   redis.call('EXPIRE', KEYS[5], ARGV[3])
+  notify(KEYS[6], ARGV[1], ARGV[5])
 elseif st == 'running' then
   redis.call('HSET', KEYS[1], 'cancel', 1)
 end
@@ -135,13 +162,14 @@ return st
 """
 )
 
-# KEYS: claims, queue, inflight, info
-# ARGV: now_ms, req_prefix, out_prefix, max_attempts, retention_s, failed_event_json, now_s
+# KEYS: claims, queue, inflight, info, notify
+# ARGV: now_ms, req_prefix, out_prefix, max_attempts, retention_s, failed_event_json, now_s, notify_maxlen
 # Moves every claim whose lease expired back to the queue with its original score (so it keeps its place
 # in the schedule); after max_attempts it fails the request instead of looping on a poison input.
 # Returns the ids re-queued.
 REAP = (
     _RELEASE
+    + _NOTIFY
     + """
 local requeued = {}
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
@@ -158,6 +186,7 @@ for _, id in ipairs(expired) do
       local ok = ARGV[3] .. id
       redis.call('XADD', ok, '*', 'ev', ARGV[6])
       redis.call('EXPIRE', ok, ARGV[5])
+      notify(KEYS[5], id, ARGV[8])
     else
       redis.call('HSET', rk, 'state', 'queued')
       redis.call('ZADD', KEYS[2], f[3], id)
@@ -174,15 +203,17 @@ return requeued
 # KEYS: program
 # ARGV: engine, model, workflow, stage, request_id, ttl_s, confidences_json, now_s
 # Records a program's engine on its first stage and checks later stages. Returns {status, engine, model}:
-# status 'new' | 'ok' | 'backwards' (stage index lower than the last one seen; nothing changed).
+# status 'new' | 'ok' | 'backwards' (stage index lower than the last one seen) | 'duplicate' (the request
+# id is the program's current request: a retry); nothing is changed unless 'new' or 'ok'.
 ASSIGN = """
-local f = redis.call('HMGET', KEYS[1], 'engine', 'model', 'stage')
+local f = redis.call('HMGET', KEYS[1], 'engine', 'model', 'stage', 'request_id')
 if not f[1] then
   redis.call('HSET', KEYS[1], 'engine', ARGV[1], 'model', ARGV[2], 'workflow', ARGV[3], 'stage', ARGV[4],
              'request_id', ARGV[5], 'confidences', ARGV[7], 'created', ARGV[8], 'updated', ARGV[8])
   redis.call('EXPIRE', KEYS[1], ARGV[6])
   return {'new', ARGV[1], ARGV[2]}
 end
+if f[4] == ARGV[5] then return {'duplicate', f[1], f[2]} end
 if tonumber(ARGV[4]) < tonumber(f[3]) then return {'backwards', f[1], f[2]} end
 redis.call('HSET', KEYS[1], 'stage', ARGV[4], 'request_id', ARGV[5], 'updated', ARGV[8])
 redis.call('EXPIRE', KEYS[1], ARGV[6])

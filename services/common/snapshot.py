@@ -6,11 +6,13 @@ so an engine is alive, loaded and profiled the same way for all of them.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Mapping
-from typing import cast
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 
 from services.common.keys import EngineField, Keys
 from services.common.types import EngineProfile, EngineSnapshot
@@ -68,31 +70,63 @@ def _curve(engine_id: str, raw: str | None) -> tuple[tuple[tuple[int, float], ..
     if not raw:
         return (), 0.0
     try:
-        full = EngineProfile.from_json(raw)
+        return _parsed_curve(raw)
     except (ValueError, TypeError, KeyError):
         log.warning("engine %s has an unreadable profile; using its flat decode cost", engine_id)
         return (), 0.0
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_curve(raw: str) -> tuple[tuple[tuple[int, float], ...], float]:
+    # Every dispatch reads every engine's profile, which changes only when the engine is profiled again.
+    full = EngineProfile.from_json(raw)
     return full.step_ms, full.prefill_ms_per_token
+
+
+# What a snapshot needs of ``engine_info`` (not the whole hash: it also holds the worker's own fields).
+_INFO = (
+    EngineField.MODEL,
+    EngineField.DECODE_MS_PER_TOKEN,
+    EngineField.MAX_BATCH_SIZE,
+    EngineField.MAX_NUM_SEQS,
+    EngineField.HEARTBEAT_MS,
+    EngineField.LOAD,
+    EngineField.PROFILE,
+)
+
+
+def queue_engine_reads(pipe: Pipeline, keys: Keys, engine_ids: Sequence[str]) -> None:
+    """Add the reads of ``engine_ids``' snapshots to ``pipe`` (three commands each, in order)."""
+    for eid in engine_ids:
+        pipe.hmget(keys.engine_info(eid), list(_INFO))
+        pipe.zcard(keys.queue(eid))
+        pipe.zcard(keys.claims(eid))
+
+
+def engines_from(
+    results: Sequence[Any], engine_ids: Sequence[str], now_unix: float, dead_after_s: float
+) -> list[EngineSnapshot]:
+    """The snapshots from the results of ``queue_engine_reads`` (the same ids, in the same order)."""
+    out = []
+    for i, eid in enumerate(engine_ids):
+        values, queued, running = results[3 * i], results[3 * i + 1], results[3 * i + 2]
+        info = {f: v for f, v in zip(_INFO, values, strict=True) if v is not None}
+        out.append(parse_engine(eid, info, int(queued), int(running), now_unix, dead_after_s))
+    return out
+
+
+async def engine_ids(redis: Redis, keys: Keys) -> list[str]:
+    """Every registered engine id, sorted. ``redis`` decodes responses (every client in Chimera does)."""
+    return sorted(cast(set[str], await redis.smembers(keys.engines())))
 
 
 async def read_engines(
     redis: Redis, keys: Keys, now_unix: float, dead_after_s: float
 ) -> list[EngineSnapshot]:
-    """SMEMBERS engines, then HGETALL info + ZCARD queue + ZCARD claims for all of them in one pipeline.
-
-    ``redis`` decodes responses (every client in Chimera does).
-    """
-    engine_ids: list[str] = sorted(cast(set[str], await redis.smembers(keys.engines())))
-    if not engine_ids:
+    """SMEMBERS engines, then each one's snapshot in one pipeline."""
+    ids = await engine_ids(redis, keys)
+    if not ids:
         return []
     pipe = redis.pipeline(transaction=False)
-    for eid in engine_ids:
-        pipe.hgetall(keys.engine_info(eid))
-        pipe.zcard(keys.queue(eid))
-        pipe.zcard(keys.claims(eid))
-    res = await pipe.execute()
-    out = []
-    for i, eid in enumerate(engine_ids):
-        raw, queued, running = res[3 * i], res[3 * i + 1], res[3 * i + 2]
-        out.append(parse_engine(eid, raw, int(queued), int(running), now_unix, dead_after_s))
-    return out
+    queue_engine_reads(pipe, keys, ids)
+    return engines_from(await pipe.execute(), ids, now_unix, dead_after_s)

@@ -148,6 +148,12 @@ class ClaimedRequest:
     attempt: int
     enqueued_unix: float
     claimed_unix: float
+    # When its first attempt was claimed: the queue wait a caller saw ends there, whatever ran after.
+    first_claimed_unix: float = 0.0
+
+    @property
+    def queue_wait_s(self) -> float:
+        return max(0.0, (self.first_claimed_unix or self.claimed_unix) - self.enqueued_unix)
 
 
 @dataclass(frozen=True, slots=True)

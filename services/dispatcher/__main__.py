@@ -10,27 +10,33 @@ from redis.asyncio import Redis
 from services.common.keys import Keys
 from services.common.logs import setup_logging
 from services.common.queue import QueueStore
+from services.common.redis_client import connect
 from services.dispatcher.clients import PredictorClient, RouterClient
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.dispatch import Dispatcher
 from services.dispatcher.http_api import build_http_server
+from services.dispatcher.hub import StreamHub
 from services.dispatcher.metrics import DispatcherMetrics, metrics_endpoint
 from services.dispatcher.server import DispatcherServer, run
 
 
 async def _main(s: DispatcherSettings, metrics: DispatcherMetrics) -> None:
-    redis = Redis.from_url(s.redis_url, decode_responses=True)
+    redis = connect(s.redis_url, s.redis_max_connections)
+    # The stream hub's one blocking read gets a connection of its own, never one of the pool's.
+    reader = Redis.from_url(s.redis_url, decode_responses=True, max_connections=1)
     async with (
         grpc.aio.insecure_channel(s.router_addr) as rc,
         grpc.aio.insecure_channel(s.predictor_addr) as pc,
     ):
         router, predictor = RouterClient(rc, s.router_timeout_s), PredictorClient(pc, s.predictor_timeout_s)
         store = QueueStore(redis, Keys(s.key_prefix))
-        dispatcher = Dispatcher(store, redis, router, predictor, s, metrics=metrics)
+        hub = StreamHub(store, reader, s.stream_block_ms)
+        dispatcher = Dispatcher(store, redis, router, predictor, s, metrics=metrics, hub=hub)
         try:
             await run(DispatcherServer(dispatcher, redis), build_http_server(dispatcher))
         finally:
             await redis.aclose()
+            await reader.aclose()
 
 
 def main() -> None:

@@ -26,8 +26,12 @@ class ConfidenceSource(Protocol):
 
 
 class LengthSource(Protocol):
-    async def predict(self, request: StageRequest, model: str) -> Prediction:
-        """Predicted remaining output tokens of the workflow (this stage and later ones) on ``model``."""
+    async def predict(self, request: StageRequest, models: Sequence[str]) -> Mapping[str, Prediction]:
+        """Predicted remaining output tokens of the workflow (this stage and later ones) on each model.
+
+        Several models in one call: a first stage asks for every candidate while the router scores them,
+        so neither waits for the other and the chosen model's prediction is there when the policy picks.
+        """
         ...
 
 
@@ -58,25 +62,31 @@ class PredictorClient:
         self._stub = predictor_pb2_grpc.PredictorStub(channel)
         self._timeout_s = timeout_s
 
-    async def predict(self, request: StageRequest, model: str) -> Prediction:
-        row = predictor_pb2.FeatureRow(
-            model=model,
-            workflow=request.workflow,
-            stage=request.stage,
-            system_text=request.system_text(),
-            user_text=request.user_text(),
-            prompt_text=request.prompt_text(),
-        )
-        req = predictor_pb2.PredictRequest(rows=[row], quantiles=list(QUANTILES))
+    async def predict(self, request: StageRequest, models: Sequence[str]) -> Mapping[str, Prediction]:
+        system, user, prompt = request.system_text(), request.user_text(), request.prompt_text()
+        rows = [
+            predictor_pb2.FeatureRow(
+                model=m,
+                workflow=request.workflow,
+                stage=request.stage,
+                system_text=system,
+                user_text=user,
+                prompt_text=prompt,
+            )
+            for m in models
+        ]
+        req = predictor_pb2.PredictRequest(rows=rows, quantiles=list(QUANTILES))
         try:
             resp = await self._stub.Predict(req, timeout=self._timeout_s)
         except grpc.aio.AioRpcError as e:
             raise UpstreamError(f"predictor: {e.code().name}: {e.details()}") from e
-        if len(resp.predictions) != 1:
-            raise UpstreamError(f"predictor returned {len(resp.predictions)} rows for 1")
-        return prediction_from_quantiles(
-            list(resp.quantiles) or list(QUANTILES), list(resp.predictions[0].values)
-        )
+        if len(resp.predictions) != len(rows):
+            raise UpstreamError(f"predictor returned {len(resp.predictions)} rows for {len(rows)}")
+        quantiles = list(resp.quantiles) or list(QUANTILES)
+        return {
+            m: prediction_from_quantiles(quantiles, list(p.values))
+            for m, p in zip(models, resp.predictions, strict=True)
+        }
 
 
 def prediction_from_quantiles(quantiles: Sequence[float], values: Sequence[float]) -> Prediction:

@@ -81,7 +81,13 @@ class DispatcherSettings(CommonSettings):
         default=5.0, gt=0, le=3600, description="how often the dispatcher re-queues work of crashed workers"
     )
     stream_block_ms: int = Field(
-        default=1000, ge=10, le=60_000, description="how long one read of a request's output stream waits"
+        default=1000, ge=10, le=60_000, description="how long one read of the output streams waits"
+    )
+    stream_probe_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="a stream silent this long is read directly and its request checked for existence",
     )
     grace_s: float = Field(default=5.0, ge=0, le=120, description="shutdown grace for in-flight calls")
 

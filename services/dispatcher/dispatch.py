@@ -14,22 +14,23 @@ The decisions themselves (affinity, the policy's pick, the queue score) are the 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import NoReturn, TypeVar, cast
 
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
 from services.common.keys import ProgramField
 from services.common.queue import QueueStore
-from services.common.snapshot import read_engines
-from services.common.types import DispatchTimings, EngineSnapshot, OutcomeRow, Prediction, StageRequest
+from services.common.snapshot import engine_ids, engines_from, queue_engine_reads, read_engines
+from services.common.types import EngineSnapshot, OutcomeRow, Prediction, StageRequest
 from services.dispatcher.clients import ConfidenceSource, LengthSource
 from services.dispatcher.config import DispatcherSettings
+from services.dispatcher.decision import Timings, decision_record, ms_since
 from services.dispatcher.errors import (
     DispatchError,
     DuplicateRequest,
@@ -40,21 +41,19 @@ from services.dispatcher.errors import (
     guarded,
 )
 from services.dispatcher.handoff import Dispatched, ProgramEnd, StreamItem
+from services.dispatcher.hub import StreamHub
 from services.dispatcher.intake import Intake, next_stage, stage_request
 from services.dispatcher.metrics import DispatcherMetrics
 from services.dispatcher.stream import stream_output
 from services.dispatcher.validate import Limits, check_id, validate_request
 from services.policy import contract
 from services.policy.contract import JobSize
-from services.policy.estimates import engine_load_ms
 from services.policy.registry import POLICIES
 from services.policy.routing import (
     AffinityConflict,
     Assignment,
-    Route,
     candidates,
     choose,
-    fed_input,
     follow,
     queue_score,
 )
@@ -63,21 +62,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 OUTCOMES_MAXLEN = 1_000_000
-
-
-@dataclass(slots=True)
-class _Timings:
-    router_ms: float = 0.0
-    predictor_ms: float = 0.0
-    policy_ms: float = 0.0
-    redis_ms: float = 0.0
-
-    def frozen(self) -> DispatchTimings:
-        return DispatchTimings(self.router_ms, self.predictor_ms, self.policy_ms, self.redis_ms)
-
-
-def _ms_since(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1000.0
+_IDS_TTL_S = 1.0
 
 
 @contextlib.contextmanager
@@ -106,7 +91,9 @@ class Dispatcher:
         settings: DispatcherSettings,
         clock: Callable[[], float] = time.time,
         metrics: DispatcherMetrics | None = None,
+        hub: StreamHub | None = None,
     ) -> None:
+        """``hub`` reads every output stream this process serves; without one (tests) it shares ``redis``."""
         self.store = store
         # Without one from __main__ (tests), metrics go to a private registry nobody scrapes.
         self.metrics = metrics or DispatcherMetrics(CollectorRegistry())
@@ -119,26 +106,49 @@ class Dispatcher:
         self._knobs = settings.knobs()
         self._clock = clock
         self._limits = Limits(settings.max_tokens_limit, settings.max_prompt_chars)
+        self.hub = hub or StreamHub(store, redis, settings.stream_block_ms)
+        self._ids: list[str] = []
+        self._ids_at = 0.0
 
     @property
     def redis(self) -> Redis:
         return self._r
 
-    async def _redis(self, t: _Timings, call: Awaitable[T]) -> T:
+    async def _redis(self, t: Timings, call: Awaitable[T]) -> T:
         t0 = time.perf_counter()
         try:
             return await guarded(call)
         finally:
-            t.redis_ms += _ms_since(t0)
+            t.redis_ms += ms_since(t0)
 
-    async def _program(self, t: _Timings, program_id: str) -> dict[str, str]:
+    async def _program(self, t: Timings, program_id: str) -> dict[str, str]:
         raw = await self._redis(t, self._r.hgetall(self._keys.program(program_id)))
         return cast(dict[str, str], raw)  # the client decodes responses
+
+    async def _engine_ids(self, t: Timings, fresh: bool = False) -> list[str]:
+        """The registered engines, re-read at most every ``_IDS_TTL_S``: an engine appears within a second."""
+        now = time.monotonic()
+        if fresh or not self._ids or now - self._ids_at > _IDS_TTL_S:
+            self._ids = await self._redis(t, engine_ids(self._r, self._keys))
+            self._ids_at = now
+        return self._ids
+
+    async def _state(
+        self, t: Timings, program_id: str, fresh: bool = False
+    ) -> tuple[dict[str, str], list[EngineSnapshot]]:
+        """The program's row and every engine's snapshot, in one round trip."""
+        ids = await self._engine_ids(t, fresh)
+        pipe = self._r.pipeline(transaction=False)
+        pipe.hgetall(self._keys.program(program_id))
+        queue_engine_reads(pipe, self._keys, ids)
+        res = await self._redis(t, pipe.execute())
+        engines = engines_from(res[1:], ids, self._clock(), self.settings.engine_dead_after_s)
+        return cast(dict[str, str], res[0]), engines
 
     async def engines(self) -> list[EngineSnapshot]:
         """Every registered engine as the policy sees it."""
         return await self._redis(
-            _Timings(), read_engines(self._r, self._keys, self._clock(), self.settings.engine_dead_after_s)
+            Timings(), read_engines(self._r, self._keys, self._clock(), self.settings.engine_dead_after_s)
         )
 
     async def submit(self, intake: Intake) -> Dispatched:
@@ -146,26 +156,26 @@ class Dispatcher:
 
         Raises a ``DispatchError`` on refusal; nothing is written then.
         """
-        started, t = time.perf_counter(), _Timings()
+        started, t = time.perf_counter(), Timings()
 
         async def run() -> Dispatched:
             check_id("program_id", intake.program_id)  # before it becomes part of a key name
-            program = await self._program(t, intake.program_id)
+            program, engines = await self._state(t, intake.program_id)
             stage = next_stage(program) if intake.stage is None else intake.stage
             req = stage_request(intake, stage, self.settings, self._clock())
             validate_request(req, self._limits)
-            return await self._dispatch(req, program, t, started)
+            return await self._dispatch(req, program, engines, t, started)
 
         return await self._counted(run())
 
     async def dispatch(self, req: StageRequest) -> Dispatched:
         """Dispatch a request built elsewhere (tests, benchmarks); the doors use ``submit``."""
-        started, t = time.perf_counter(), _Timings()
+        started, t = time.perf_counter(), Timings()
 
         async def run() -> Dispatched:
             validate_request(req, self._limits)
-            program = await self._program(t, req.program_id)
-            return await self._dispatch(req, program, t, started)
+            program, engines = await self._state(t, req.program_id)
+            return await self._dispatch(req, program, engines, t, started)
 
         return await self._counted(run())
 
@@ -181,71 +191,104 @@ class Dispatcher:
 
     def stream(self, d: Dispatched) -> AsyncIterator[StreamItem]:
         """The dispatched request's output: deltas, then exactly one ``Final`` (see ``stream_output``)."""
-        return stream_output(self.store, self._r, d, self.settings.stream_block_ms)
+        s = self.settings
+        return stream_output(self.hub, self.store, d, s.stream_block_ms, s.stream_probe_s)
+
+    async def close(self) -> None:
+        """Stop the stream reader (the process is shutting down; no stream is served any more)."""
+        await self.hub.stop()
 
     async def _dispatch(
-        self, req: StageRequest, program: Mapping[str, str], t: _Timings, started: float
+        self,
+        req: StageRequest,
+        program: Mapping[str, str],
+        engines: list[EngineSnapshot],
+        t: Timings,
+        started: float,
     ) -> Dispatched:
-        """Everything after validation and the program lookup, which ``submit`` and ``dispatch`` do."""
+        """Everything after validation and the state read, which ``submit`` and ``dispatch`` do."""
         k = self._keys
-        engines = await self._redis(
-            t, read_engines(self._r, k, self._clock(), self.settings.engine_dead_after_s)
-        )
         degraded: list[str] = []
         if req.model_pin is not None and req.model_pin not in {e.model for e in engines}:
-            raise ModelNotFound(f"no registered engine serves model {req.model_pin!r}")
+            # Perhaps an engine registered since the ids were cached: look once more before refusing.
+            _, engines = await self._state(t, req.program_id, fresh=True)
+            if req.model_pin not in {e.model for e in engines}:
+                raise ModelNotFound(f"no registered engine serves model {req.model_pin!r}")
         confidences: Mapping[str, float] = {}
         with _policy_errors():
             if program:
                 route = follow(req.program_id, _assignment(program), engines, req.stage, req.model_pin)
+                preds = await self._predict(req, [route.model], t, degraded)
             else:
                 pool = candidates(engines, req.model_pin)
+                models = sorted({e.model for e in pool if e.alive})
                 if req.model_pin is None:
-                    confidences = await self._confidences(req, pool, t, degraded)
+                    # The router and the predictor (for every candidate model) at once: neither waits.
+                    confidences, preds = await asyncio.gather(
+                        self._confidences(req, models, t, degraded), self._predict(req, models, t, degraded)
+                    )
+                else:
+                    preds = await self._predict(req, models, t, degraded)
                 t0 = time.perf_counter()
                 route = choose(self._policy, pool, confidences, self._knobs, req.model_pin)
-                t.policy_ms += _ms_since(t0)
+                t.policy_ms += ms_since(t0)
         engine, model, branch = route.engine_id, route.model, str(route.branch)
-        # A retried request usually finds its first copy here, before anything is written; ENQUEUE stays
-        # the authority for the rare retry that races its original.
-        if await self._redis(t, self._r.exists(k.request(engine, req.request_id))):
-            raise DuplicateRequest(f"request {req.request_id} already exists")
-        pred = await self._predict(req, model, t, degraded)
-        status, assigned, assigned_model = await self._redis(
-            t,
-            self.store.assign(
-                req.program_id,
-                engine,
-                model,
-                req.workflow,
-                req.stage,
-                req.request_id,
-                self.settings.program_ttl_s,
-                confidences,
-            ),
+        pred = preds[model]
+        # A retried request usually finds its first copy here, before anything is queued; ENQUEUE stays the
+        # authority for the rare retry that races its original past this check.
+        pipe = self._r.pipeline(transaction=False)
+        pipe.exists(k.request(engine, req.request_id))
+        await self.store.queue_assign(
+            pipe,
+            req.program_id,
+            engine,
+            model,
+            req.workflow,
+            req.stage,
+            req.request_id,
+            self.settings.program_ttl_s,
+            confidences,
         )
+        duplicate, assignment = await self._redis(t, pipe.execute())
+        status, assigned, assigned_model = (str(x) for x in assignment)
         if status == "backwards":
             raise StageConflict(f"stage {req.stage} is behind the program's last stage")
+        if duplicate or status == "duplicate":
+            await self._refused_after_assign(t, status, req)
         if assigned != engine:
             # Another replica assigned this program first: join its engine (affinity), re-predict if the
             # model differs because the prediction is model-specific.
             log.info("program %s was assigned to %s concurrently; following it", req.program_id, assigned)
             if assigned_model != model:
-                pred = await self._predict(req, assigned_model, t, degraded)
+                pred = (
+                    preds.get(assigned_model)
+                    or (await self._predict(req, [assigned_model], t, degraded))[assigned_model]
+                )
             engine, model, branch = assigned, assigned_model, "reuse-race"
         t_enq = self._clock()
         t0 = time.perf_counter()
         # attained is 0 on a first stage: nothing has finished yet.
         size = JobSize(predicted_total=pred.p50, attained=int(program.get(ProgramField.ATTAINED) or 0))
         score = queue_score(self._policy, size, t_enq, self._knobs)
-        t.policy_ms += _ms_since(t0)
-        decision = self._record(branch, engine, model, route, engines, pred, size, score, t_enq, degraded, t)
-        decision["dispatch_ms_before_enqueue"] = _ms_since(started)
-        ok = await self._redis(t, self.store.enqueue(engine, req, pred, score, t_enq, decision))
-        if not ok:
-            if status == "new":
-                await self._redis(t, self.store.unassign(req.program_id, req.request_id))
-            raise DuplicateRequest(f"request {req.request_id} already exists")
+        t.policy_ms += ms_since(t0)
+        decision = decision_record(
+            self.settings,
+            self._policy,
+            branch,
+            engine,
+            model,
+            route,
+            engines,
+            pred,
+            size,
+            score,
+            t_enq,
+            degraded,
+            t,
+        )
+        decision["dispatch_ms_before_enqueue"] = ms_since(started)
+        if not await self._redis(t, self.store.enqueue(engine, req, pred, score, t_enq, decision)):
+            await self._refused_after_assign(t, status, req)
         d = Dispatched(
             req,
             engine,
@@ -253,7 +296,7 @@ class Dispatcher:
             pred,
             score,
             t_enq,
-            _ms_since(started),
+            ms_since(started),
             tuple(degraded),
             branch,
             self.metrics,
@@ -262,10 +305,15 @@ class Dispatcher:
         self.metrics.accepted(d, branch, dict(confidences))
         return d
 
+    async def _refused_after_assign(self, t: Timings, status: str, req: StageRequest) -> NoReturn:
+        """A duplicate request id: undo the assignment it just made (if it made one) and refuse."""
+        if status == "new":
+            await self._redis(t, self.store.unassign(req.program_id, req.request_id))
+        raise DuplicateRequest(f"request {req.request_id} already exists")
+
     async def _confidences(
-        self, req: StageRequest, pool: Sequence[EngineSnapshot], t: _Timings, degraded: list[str]
+        self, req: StageRequest, models: Sequence[str], t: Timings, degraded: list[str]
     ) -> Mapping[str, float]:
-        models = sorted({e.model for e in pool if e.alive})
         t0, ok = time.perf_counter(), False
         try:
             scores = await self._router.score(req.user_text(), req.workflow, models)
@@ -276,73 +324,41 @@ class Dispatcher:
             degraded.append("router")
             return {}
         finally:
-            t.router_ms += _ms_since(t0)
+            t.router_ms += ms_since(t0)
             self.metrics.upstream("router", time.perf_counter() - t0, ok)
 
-    async def _predict(self, req: StageRequest, model: str, t: _Timings, degraded: list[str]) -> Prediction:
+    async def _predict(
+        self, req: StageRequest, models: Sequence[str], t: Timings, degraded: list[str]
+    ) -> Mapping[str, Prediction]:
         t0, ok = time.perf_counter(), False
         try:
-            pred = await self._predictor.predict(req, model)
-            ok = True
-            return pred
+            preds = await self._predictor.predict(req, models)
+            ok = set(models) <= set(preds)
+            if not ok:
+                raise ValueError(f"no prediction for {sorted(set(models) - set(preds))}")
+            return preds
         except Exception as e:  # any predictor failure degrades to the request's own bound
             log.warning("predictor failed (%s); using max_tokens for %s", e, req.request_id)
             if "predictor" not in degraded:
                 degraded.append("predictor")
             y = req.sampling.max_tokens
-            return Prediction(p50=y, p90=y)
+            return dict.fromkeys(models, Prediction(p50=y, p90=y))
         finally:
-            t.predictor_ms += _ms_since(t0)
+            t.predictor_ms += ms_since(t0)
             self.metrics.upstream("predictor", time.perf_counter() - t0, ok)
 
-    def _record(
-        self,
-        branch: str,
-        engine: str,
-        model: str,
-        route: Route,
-        engines: Sequence[EngineSnapshot],
-        pred: Prediction,
-        size: JobSize,
-        score: float,
-        t_enq: float,
-        degraded: Sequence[str],
-        t: _Timings,
-    ) -> dict[str, Any]:
-        """The decision record stored with the request: what ``chimera explain`` shows."""
-        s = self.settings
-        return {
-            "policy": self._policy.name,
-            "branch": branch,
-            "engine": engine,
-            "model": model,
-            "selection": route.selection.to_record() if route.selection else None,
-            "loads_ms": {e.engine_id: engine_load_ms(e) for e in engines},
-            "alive": {e.engine_id: e.alive for e in engines},
-            "tau": s.tau,
-            "delta_s": s.delta_s,
-            "y": pred.p50,
-            "y90": pred.p90,
-            "priority_input": fed_input(self._policy, size).value,
-            "score": score,
-            "aging_rate": s.aging_rate,
-            "priority_cap_tokens": s.priority_cap_tokens,
-            "t_enq": t_enq,
-            "degraded": list(degraded),
-            "timings_ms": {
-                "router": t.router_ms,
-                "predictor": t.predictor_ms,
-                "policy": t.policy_ms,
-                "redis": t.redis_ms,
-            },
-        }
+    async def forget_program(self, program_id: str) -> None:
+        """Drop a program whose stages have all finished or been cancelled (a one-stage HTTP request):
+        ``end_program`` without its reads, as there is nothing left to cancel and no outcome to keep."""
+        await self._redis(Timings(), self._r.delete(self._keys.program(program_id)))
+        self.metrics.program_ended(program_id, {}, None)
 
     async def end_program(self, program_id: str, outcome: float | None) -> ProgramEnd:
         """Cancel the program's outstanding stage, keep its outcome as a label, forget the assignment."""
         check_id("program_id", program_id)
         if outcome is not None and not 0.0 <= outcome <= 1.0:
             raise InvalidRequest(f"outcome must be in [0, 1], got {outcome}")
-        t, k, f = _Timings(), self._keys, ProgramField
+        t, k, f = Timings(), self._keys, ProgramField
         program = await self._program(t, program_id)
         if not program:
             return ProgramEnd(found=False, cancelled_requests=0)

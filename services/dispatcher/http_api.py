@@ -276,8 +276,9 @@ class OpenAIFrontDoor:
 
     async def _end_quietly(self, program_id: str) -> None:
         # May run while the handler is being cancelled: shield the call so the program is still ended.
+        # Its one stage already finished or was cancelled on the stream's way out: forgetting is enough.
         try:
-            await asyncio.shield(self._d.end_program(program_id, None))
+            await asyncio.shield(self._d.forget_program(program_id))
         except (asyncio.CancelledError, DispatchError) as e:
             log.warning("could not end one-stage program %s: %r", program_id, e)
 

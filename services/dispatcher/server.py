@@ -160,6 +160,7 @@ class DispatcherServer:
     async def stop(self) -> None:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(self.settings.grace_s)
+        await self.dispatcher.close()
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -1,7 +1,8 @@
 """Streaming one request's output back to its caller from the request's Redis Stream.
 
 NOTE(stream): the stream, not an in-process channel, carries the output, so any front-door replica can
-serve it and a reconnecting reader misses nothing. A request that is re-run after its worker died emits
+serve it and a reconnecting reader misses nothing. The process's ``StreamHub`` reads it (one blocking read
+for all open streams). A request that is re-run after its worker died emits
 deltas with a higher ``attempt``; earlier attempts' late deltas are dropped here, and the caller, seeing a
 higher attempt, discards text it already has. If the caller goes away or its deadline passes, the request
 is cancelled so that the engine stops spending tokens on it.
@@ -15,10 +16,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from redis.asyncio import Redis
-
-from services.common.keys import RequestField
-from services.common.queue import QueueStore
+from services.common.queue import OutputEvent, QueueStore
 from services.dispatcher.errors import (
     REDIS_DOWN,
     DeadlineExceeded,
@@ -27,88 +25,105 @@ from services.dispatcher.errors import (
     guarded,
 )
 from services.dispatcher.handoff import Delta, Dispatched, Final, StreamItem
+from services.dispatcher.hub import StreamHub
 
 log = logging.getLogger(__name__)
 # What may stop a best-effort cancel: the caller's own cancellation, or Redis being away.
 _CANCEL_FAILED: tuple[type[BaseException], ...] = (asyncio.CancelledError, *REDIS_DOWN)
 
 
-def _f(fields: Mapping[str, object], name: str) -> float | None:
-    try:
-        return float(str(fields[name]))
-    except (KeyError, ValueError):
-        return None
-
-
 async def stream_output(
+    hub: StreamHub,
     store: QueueStore,
-    redis: Redis,
     d: Dispatched,
     block_ms: int = 1000,
+    probe_s: float = 5.0,
     clock: Callable[[], float] = time.time,
 ) -> AsyncIterator[StreamItem]:
     """Yield deltas, then exactly one ``Final``; raise ``RequestFailed`` on an error event.
 
-    Raises ``DeadlineExceeded`` once the request's deadline passes (the request is cancelled first).
+    Raises ``DeadlineExceeded`` once the request's deadline passes (the request is cancelled first). After
+    ``probe_s`` without an event it reads the stream itself and checks that the request still exists.
     """
     rid, engine = d.request.request_id, d.engine
-    after, best_attempt, finished, reported = "0", 0, False, False
+    relay, reported = _Relay(d, clock), False
     try:
-        while True:
-            events = await guarded(store.read_events(engine, rid, after, _wait_ms(d, block_ms, clock)))
-            _stop_if_cancelled()
-            if not events:
-                # Cheap liveness probe (never the whole hash: it holds the prompt).
-                if not await guarded(redis.exists(store.keys.request(engine, rid))):
-                    finished = True
-                    raise RequestFailed("UNAVAILABLE", f"request {rid} expired before it finished")
-                continue
-            for ev in events:
-                after = ev.stream_id
-                kind, attempt = ev.data.get("t"), int(ev.data.get("a", 0))
-                if kind == "delta":
-                    if attempt < best_attempt:
-                        continue  # a late delta from a worker whose lease was lost
-                    best_attempt = attempt
-                    yield Delta(str(ev.data.get("text", "")), attempt)
-                elif kind == "error":
-                    finished = True
-                    raise RequestFailed(str(ev.data.get("code", "INTERNAL")), str(ev.data.get("message", "")))
-                elif kind == "final":
-                    finished = True
-                    final = await _final(store, redis, d, ev.data, clock)
-                    await _credit_quietly(store, d.request.program_id, final.completion_tokens)
-                    reported = _report(d, final)
-                    yield final
-                    return
+        async with hub.subscribe(engine, rid) as sub:
+            silent_s = 0.0
+            while True:
+                wait_ms = _wait_ms(d, block_ms, clock)
+                events = await hub.next(sub, wait_ms / 1000.0)
+                if events:
+                    silent_s = 0.0
+                    for item in relay.items(events):
+                        if isinstance(item, Final):
+                            reported = _report(d, item)
+                        yield item
+                    if relay.error is not None:
+                        raise relay.error
+                    if relay.finished:
+                        return
+                    continue
+                silent_s += wait_ms / 1000.0
+                if silent_s >= probe_s:
+                    silent_s = 0.0
+                    await hub.poll(sub)  # an announcement the hub missed
+                    # Cheap liveness probe (never the whole hash: it holds the prompt).
+                    if not sub.pending and not await guarded(
+                        store.redis.exists(store.keys.request(engine, rid))
+                    ):
+                        relay.finished = True
+                        raise RequestFailed("UNAVAILABLE", f"request {rid} expired before it finished")
     except Exception as e:
         reported = _report(d, e.code if isinstance(e, DispatchError) else "INTERNAL")
         raise
     finally:
         if not reported:
             _report(d, None)  # the caller went away (or was cancelled) before the end
-        if not finished:
+        if not relay.finished:
             await _cancel_quietly(store, engine, rid)
 
 
-def _stop_if_cancelled() -> None:
-    """Re-raise a cancellation the blocking read swallowed.
+class _Relay:
+    """Output events -> what the caller sees: deltas of the newest attempt, merged when they arrive together
+    (fewer messages, the same text), then one ``Final`` or an ``error``."""
 
-    redis-py loses a cancel that lands as its blocking read times out (the read returns empty instead:
-    3 to 5 of 300 cancels under CPU load here), and a reader that missed its cancel would block on for a
-    caller who is gone, its request never cancelled. The task still counts the cancel request.
-    """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
+    def __init__(self, d: Dispatched, clock: Callable[[], float]) -> None:
+        self._d, self._clock = d, clock
+        self.best_attempt = 0
+        self.finished = False
+        self.error: RequestFailed | None = None  # raised once the deltas before it have gone out
 
-
-async def _credit_quietly(store: QueueStore, program_id: str, tokens: int) -> None:
-    """Attained-service bookkeeping must never cost the caller its answer."""
-    try:
-        await store.credit_program(program_id, tokens)
-    except REDIS_DOWN as e:
-        log.warning("could not credit %d tokens to program %s: %s", tokens, program_id, e)
+    def items(self, events: list[OutputEvent]) -> list[StreamItem]:
+        out: list[StreamItem] = []
+        text: list[str] = []
+        for ev in events:
+            kind, attempt = ev.data.get("t"), int(ev.data.get("a", 0))
+            if kind == "delta":
+                if attempt < self.best_attempt:
+                    continue  # a late delta from a worker whose lease was lost
+                if attempt > self.best_attempt and text:
+                    out.append(Delta("".join(text), self.best_attempt))
+                    text = []
+                self.best_attempt = attempt
+                text.append(str(ev.data.get("text", "")))
+                continue
+            if text:
+                out.append(Delta("".join(text), self.best_attempt))
+                text = []
+            if kind == "error":
+                self.finished = True
+                self.error = RequestFailed(
+                    str(ev.data.get("code", "INTERNAL")), str(ev.data.get("message", ""))
+                )
+                return out
+            if kind == "final":
+                self.finished = True
+                out.append(_final(self._d, ev.data, self._clock))
+                return out
+        if text:
+            out.append(Delta("".join(text), self.best_attempt))
+        return out
 
 
 def _wait_ms(d: Dispatched, block_ms: int, clock: Callable[[], float]) -> int:
@@ -133,16 +148,8 @@ def _report(d: Dispatched, end: Final | str | None) -> bool:
     return True
 
 
-async def _final(
-    store: QueueStore, redis: Redis, d: Dispatched, ev: dict[str, Any], clock: Callable[[], float]
-) -> Final:
-    f = RequestField
-    names = (f.T_ENQ, f.T_FIRST_CLAIM, f.ATTEMPT)
-    raw = await guarded(redis.hmget(store.keys.request(d.engine, d.request.request_id), list(names)))
-    fields = {n: v for n, v in zip(names, raw, strict=True) if v is not None}
-    t_enq, t_claim = _f(fields, f.T_ENQ), _f(fields, f.T_FIRST_CLAIM)
-    queue_wait = max(0.0, t_claim - t_enq) if t_enq is not None and t_claim is not None else 0.0
-    attempts = int(_f(fields, f.ATTEMPT) or ev.get("a") or 0)
+def _final(d: Dispatched, ev: Mapping[str, Any], clock: Callable[[], float]) -> Final:
+    """The caller's ``Final`` from the final event: the worker put its queue wait and attempt in it."""
     received = d.request.received_unix or d.enqueued_unix
     return Final(
         request_id=d.request.request_id,
@@ -152,11 +159,11 @@ async def _final(
         completion_tokens=int(ev.get("completion_tokens", 0)),
         model=d.model,
         engine=d.engine,
-        queue_wait_s=queue_wait,
+        queue_wait_s=float(ev.get("queue_wait_s", 0.0)),
         e2e_s=max(0.0, clock() - received),
         predicted_tokens=d.prediction.p50,
         predicted_tokens_p90=d.prediction.p90,
-        attempts=attempts,
+        attempts=int(ev.get("attempt") or ev.get("a") or 0),
         dispatch_ms=d.dispatch_ms,
         timings=d.timings,
     )

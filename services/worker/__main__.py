@@ -8,12 +8,12 @@ import signal
 import sys
 
 from prometheus_client import CollectorRegistry
-from redis.asyncio import Redis
 
 from services.common.keys import Keys
 from services.common.logs import setup_logging
 from services.common.metrics import start_exporter
 from services.common.queue import QueueStore
+from services.common.redis_client import connect
 from services.worker.config import WorkerSettings
 from services.worker.engine.base import EngineDeadError
 from services.worker.engine.factory import build_engine
@@ -22,7 +22,7 @@ from services.worker.worker import Worker
 
 
 async def main(s: WorkerSettings, metrics: WorkerMetrics) -> int:
-    redis = Redis.from_url(s.redis_url, decode_responses=True)
+    redis = connect(s.redis_url, s.redis_max_connections)
     worker = Worker(QueueStore(redis, Keys(s.key_prefix)), redis, build_engine(s), s.options(), metrics)
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, worker.request_stop)

@@ -49,6 +49,15 @@ class WorkerSettings(CommonSettings):
     claim_wait_s: float = Field(
         default=0.5, gt=0.0, le=30.0, description="longest idle wait for the queue's doorbell"
     )
+    publish_interval_s: float = Field(
+        default=0.05,
+        gt=0.0,
+        le=5.0,
+        description="streamed text is flushed this often (a request's first text at once)",
+    )
+    publish_chars: int = Field(
+        default=65536, ge=1, description="flush sooner once this many characters wait, all requests together"
+    )
     metrics_host: str = Field(default="127.0.0.1", min_length=1, description="interface /metrics binds")
     metrics_port: int = Field(
         default=9404, ge=0, le=65535, description="Prometheus /metrics port (0 picks a free one, logged)"
@@ -123,5 +132,7 @@ class WorkerSettings(CommonSettings):
             grace_s=self.grace_s,
             heartbeat_s=self.heartbeat_s,
             claim_wait_s=self.claim_wait_s,
+            publish_interval_s=self.publish_interval_s,
+            publish_chars=self.publish_chars,
             profile_on_start=self.profile_on_start,
         )

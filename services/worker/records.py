@@ -14,10 +14,6 @@ def stage_result(final: EngineOutput, text: str) -> StageResult:
     return StageResult(text, final.finish_reason or "stop", final.prompt_tokens, final.completion_tokens)
 
 
-def queue_wait_s(c: ClaimedRequest) -> float:
-    return max(0.0, c.claimed_unix - c.enqueued_unix)
-
-
 def trace_row(
     c: ClaimedRequest, result: StageResult, engine_id: str, model: str, run_s: float
 ) -> TraceRow | None:
@@ -40,7 +36,7 @@ def trace_row(
         completion_tokens=result.completion_tokens,
         predicted=c.predicted,
         predicted_p90=c.predicted_p90,
-        queue_wait_s=queue_wait_s(c),
+        queue_wait_s=c.queue_wait_s,
         run_s=run_s,
         finish_reason=result.finish_reason,
         attempt=c.attempt,
@@ -53,7 +49,7 @@ def final_extra(c: ClaimedRequest, engine_id: str, model: str, run_s: float) -> 
     return {
         "model": model,
         "engine": engine_id,
-        "queue_wait_s": round(queue_wait_s(c), 6),
+        "queue_wait_s": round(c.queue_wait_s, 6),
         "run_s": round(run_s, 6),
         "predicted": c.predicted,
         "predicted_p90": c.predicted_p90,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from dataclasses import dataclass
 
@@ -31,6 +30,7 @@ from services.worker import records, registration
 from services.worker.engine.base import Engine, EngineDeadError, EngineOutput, EngineRequestError
 from services.worker.metrics import WorkerMetrics
 from services.worker.profiling import profile_engine, store_profile
+from services.worker.publisher import DeltaPublisher
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +45,10 @@ class WorkerOptions:
     grace_s: float = 30.0
     heartbeat_s: float = 1.0
     claim_wait_s: float = 0.5
-    # Deltas are coalesced: one stream entry at most every publish_interval_s, or sooner once this many
-    # characters are pending, so a fast engine does not cost one XADD per token.
-    publish_interval_s: float = 0.02
-    publish_chars: int = 64
+    # Deltas are coalesced across every running request (publisher.py): one flush every publish_interval_s,
+    # sooner once publish_chars wait; a request's first text goes out at once.
+    publish_interval_s: float = 0.05
+    publish_chars: int = 65536
     # Tests: drain the queue and return (burst), or stop claiming after this many claims.
     burst: bool = False
     max_requests: int | None = None
@@ -66,6 +66,18 @@ class _Job:
     cancel: bool = False  # the client cancelled: abort and complete as cancelled
     aborted: bool = False
     task: asyncio.Task[None] | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.claimed.request.request_id
+
+    @property
+    def attempt(self) -> int:
+        return self.claimed.attempt
+
+    @property
+    def stale(self) -> bool:
+        return self.lost
 
 
 class Worker:
@@ -90,6 +102,7 @@ class Worker:
         # redis-py command can be absorbed by the client, which would leave the loop running forever.
         self._closing = asyncio.Event()
         self._fatal: EngineDeadError | None = None
+        self._deltas = DeltaPublisher(queue, opts.engine_id, opts.publish_interval_s, opts.publish_chars)
         self.claimed_total = 0
         self.completed_total = 0
 
@@ -121,6 +134,7 @@ class Worker:
                 asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
                 asyncio.create_task(self._renew_loop(), name="renew"),
                 asyncio.create_task(self._reap_loop(), name="reap"),
+                asyncio.create_task(self._deltas.run(self._closing), name="deltas"),
             ]
             log.info(
                 "serving on engine %s (kind=%s model=%s max_num_seqs=%d prefetch=%d worker=%s)",
@@ -283,13 +297,10 @@ class Worker:
         self._m.occupancy(self._engine.running(), len(self._held))
 
     async def _generate(self, job: _Job) -> tuple[EngineOutput, str]:
-        """Run the request on the engine, publishing coalesced deltas. Returns the final output and text."""
-        c, o = job.claimed, self._o
-        loop = asyncio.get_running_loop()
+        """Run the request on the engine, its text going out through the publisher. Returns the final
+        output and the whole text."""
+        c = job.claimed
         parts: list[str] = []
-        pending: list[str] = []
-        pending_chars = 0
-        last_pub = -math.inf  # the first token goes out at once: time to first token is what callers feel
         final: EngineOutput | None = None
         job.started = True
         async for out in self._engine.generate(c.request, job.key, c.predicted):
@@ -298,27 +309,16 @@ class Worker:
             if (job.lost or job.cancel) and not job.aborted:
                 await self._abort(job)  # the renewal saw it before the engine knew the request
             if out.text_delta:
+                self._deltas.add(job, out.text_delta)
+                if not parts:
+                    await self._deltas.flush()  # the first token at once: coalescing never delays it
                 parts.append(out.text_delta)
-                pending.append(out.text_delta)
-                pending_chars += len(out.text_delta)
             if out.finished:
                 final = out
-            elif pending_chars >= o.publish_chars or loop.time() - last_pub >= o.publish_interval_s:
-                await self._publish(job, "".join(pending))
-                pending.clear()
-                pending_chars = 0
-                last_pub = loop.time()
         if final is None:
             raise RuntimeError("the engine's stream ended without a finished output")
-        if pending:
-            await self._publish(job, "".join(pending))
+        await self._deltas.flush()  # every delta ahead of the final event
         return final, "".join(parts)
-
-    async def _publish(self, job: _Job, text: str) -> None:
-        if not job.lost:  # a stale attempt must not write into the stream of the one that replaced it
-            await self._q.publish_delta(
-                self._o.engine_id, job.claimed.request.request_id, job.claimed.attempt, text
-            )
 
     async def _complete(self, job: _Job, final: EngineOutput, text: str, run_s: float) -> None:
         c, engine_id, model = job.claimed, self._o.engine_id, self._engine.model

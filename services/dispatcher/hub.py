@@ -1,0 +1,186 @@
+"""``StreamHub``: one reader per dispatcher process for the output streams of every request it serves.
+
+NOTE(hub): an open stream must not cost a Redis connection: with one blocking XREAD per stream, a pool of
+100 connections held 100 streams and the 101st caller got "Too many connections". Instead every output
+event is also announced in its engine's notify stream (``Keys.notify``, written by the same Lua script as
+the event). The hub's loop reads the notify streams of the engines it streams from with ONE blocking XREAD
+on its own connection, and fetches the new events of the announced requests it serves with one pipelined
+XREAD per engine on the shared pool. A subscriber waits on an in-process event, nothing else.
+
+Nothing is lost between the three steps: a subscription fetches its backlog when it opens; the loop starts
+a newly read notify stream a few seconds in the past (a repeated announcement costs one empty fetch); and a
+subscriber that hears nothing for ``probe_s`` fetches directly (``poll``), which also covers announcements
+trimmed away while the hub was behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.typing import KeyT, StreamIdT
+
+from services.common.keys import Keys
+from services.common.queue import READ_BATCH, OutputEvent, QueueStore
+from services.dispatcher.errors import REDIS_DOWN, StoreUnavailable, guarded
+
+log = logging.getLogger(__name__)
+
+# How far back a notify stream is first read: covers the time between a subscription's own backlog fetch
+# and the loop's first read of its engine (one blocking read at most), with room for clock skew.
+_LOOKBACK_MS = 5000
+_RETRY_S = 0.5
+
+
+@dataclass(eq=False)
+class Subscription:
+    engine: str
+    request_id: str
+    after: str = "0"  # stream id of the last event delivered
+    pending: list[OutputEvent] = field(default_factory=list)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    error: BaseException | None = None
+
+    def deliver(self, events: list[OutputEvent]) -> None:
+        fresh = [e for e in events if _newer(e.stream_id, self.after)]
+        if fresh:
+            self.after = fresh[-1].stream_id
+            self.pending.extend(fresh)
+            self.ready.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.ready.set()
+
+
+def _newer(a: str, b: str) -> bool:
+    """Stream id ``a`` comes after ``b`` ("ms-seq"; "0" is before everything)."""
+    ams, _, aseq = a.partition("-")
+    bms, _, bseq = b.partition("-")
+    return (int(ams), int(aseq or 0)) > (int(bms), int(bseq or 0))
+
+
+class StreamHub:
+    def __init__(
+        self,
+        store: QueueStore,
+        reader: Redis,
+        block_ms: int = 1000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``reader`` is the client of the one blocking read (its own connection in production)."""
+        self._store = store
+        self._keys: Keys = store.keys
+        self._reader = reader
+        self._block_ms = block_ms
+        self._clock = clock
+        self._subs: dict[tuple[str, str], Subscription] = {}
+        self._cursor: dict[KeyT, StreamIdT] = {}  # notify stream -> id read up to
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._wake = asyncio.Event()  # a first subscription wakes an idle loop
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._subs)
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, engine: str, request_id: str) -> AsyncIterator[Subscription]:
+        """Register for a request's events for the duration of the block; its backlog is fetched first."""
+        sub = Subscription(engine, request_id)
+        self._subs[(engine, request_id)] = sub
+        self._ensure_running()
+        self._wake.set()
+        try:
+            await self.poll(sub)
+            yield sub
+        finally:
+            self._subs.pop((engine, request_id), None)
+
+    async def next(self, sub: Subscription, timeout_s: float) -> list[OutputEvent]:
+        """The events delivered since the last call, waiting up to ``timeout_s`` for the first."""
+        if not sub.pending and sub.error is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(sub.ready.wait(), timeout_s)
+        if sub.error is not None:
+            raise sub.error
+        events, sub.pending = sub.pending, []
+        sub.ready.clear()
+        return events
+
+    async def poll(self, sub: Subscription) -> None:
+        """Fetch the subscription's new events directly (its backlog, or after a long silence)."""
+        key = (sub.engine, sub.request_id)
+        while True:
+            events = (await guarded(self._store.read_many({key: sub.after}))).get(key, [])
+            sub.deliver(events)
+            if len(events) < READ_BATCH:
+                return
+
+    def _ensure_running(self) -> None:
+        if self._task is None or self._task.done():
+            self._stopping = False
+            self._task = asyncio.create_task(self._run(), name="stream-hub")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(self._task, 5.0)
+            self._task = None
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            try:
+                await self._round()
+            except asyncio.CancelledError:
+                raise
+            except REDIS_DOWN as e:
+                # Every subscriber learns at once that Redis went away, as a direct reader would.
+                log.warning("stream hub cannot read Redis: %s", e)
+                for sub in list(self._subs.values()):
+                    sub.fail(StoreUnavailable(f"redis is unreachable: {e}"))
+                await asyncio.sleep(_RETRY_S)
+            except Exception:
+                log.exception("stream hub round failed")
+                await asyncio.sleep(_RETRY_S)
+
+    async def _round(self) -> None:
+        names = {self._keys.notify(e): e for e in sorted({engine for engine, _ in self._subs})}
+        # Engines nobody streams from any more are forgotten: read again later, they start afresh.
+        self._cursor = {k: v for k, v in self._cursor.items() if k in names}
+        if not names:
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._block_ms / 1000.0)
+            return
+        start = f"{int(self._clock() * 1000) - _LOOKBACK_MS}-0"
+        for stream in names:
+            self._cursor.setdefault(stream, start)
+        res: Any = await self._reader.xread(self._cursor, block=self._block_ms, count=10_000)
+        if self._stopping:
+            return
+        announced: dict[tuple[str, str], str] = {}
+        for stream, entries in res or []:
+            self._cursor[stream] = entries[-1][0]
+            for _, fields in entries:
+                key = (names[stream], fields["r"])
+                if (sub := self._subs.get(key)) is not None:
+                    announced[key] = sub.after
+        if not announced:
+            return
+        full = []
+        for key, events in (await self._store.read_many(announced)).items():
+            if (sub := self._subs.get(key)) is not None:
+                sub.deliver(events)
+                if len(events) >= READ_BATCH:
+                    full.append(sub)
+        for sub in full:  # a long backlog: the rest now rather than at the next announcement
+            await self.poll(sub)
