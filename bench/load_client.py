@@ -85,23 +85,17 @@ def grpc_sender(client: AsyncClient, p: Phase) -> Send:
                         dispatch_ms=ev.dispatch_ms,
                         queue_wait_s=ev.queue_wait_s,
                         e2e_s=time.perf_counter() - t0,
-                        browned_out=bool(getattr(ev, "browned_out_from", "")),
+                        browned_out=bool(ev.browned_out_from),
                     )
             return Outcome("NO_FINAL")
         except ChimeraError as e:
-            cause = e.__cause__ or e.__context__
-            dbg = cause.debug_error_string() if hasattr(cause, "debug_error_string") else ""
-            return Outcome(e.code, retry_after=_meta(e, "retry-after"), detail=f"{e.details} {dbg}"[:300])
+            retry = None if e.retry_after_s is None else f"{e.retry_after_s:g}"
+            return Outcome(e.code, retry_after=retry, detail=e.details[:300])
         finally:
             if opened:
                 t.open_now -= 1
 
     return send
-
-
-def _meta(e: ChimeraError, key: str) -> str | None:
-    value = getattr(e, "metadata", {}).get(key)
-    return None if value is None else str(value)
 
 
 def http_sender(client: httpx.AsyncClient, p: Phase) -> Send:

@@ -40,7 +40,7 @@ PINNED = {
 FIELDS = {
     EngineField: {
         "model", "kind", "decode_ms_per_token", "max_batch_size", "max_num_seqs", "profile", "profile_source",
-        "time_scale", "worker_id", "heartbeat_ms", "running", "held", "load",
+        "time_scale", "worker_id", "heartbeat_ms", "running", "held", "load", "drained",
     },
     RequestField: {
         "payload", "program_id", "y", "y90", "score", "t_enq", "state", "attempt", "decision", "worker",

@@ -11,7 +11,7 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -20,6 +20,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 CodeOf = Callable[[Exception], "grpc.StatusCode | None"]
 # (servicer, method name, status code name, seconds) after every call.
 Observe = Callable[[Any, str, str, float], None]
+# Trailing metadata a known error sends with its status (e.g. when to retry).
+TrailersOf = Callable[[Exception], Sequence[tuple[str, str]]]
 
 
 def by_type(errors: Mapping[type[Exception], grpc.StatusCode]) -> CodeOf:
@@ -32,19 +34,26 @@ def by_type(errors: Mapping[type[Exception], grpc.StatusCode]) -> CodeOf:
 
 
 def status_codes(
-    code_of: CodeOf, log: logging.Logger, internal_message: str, observe: Observe | None = None
+    code_of: CodeOf,
+    log: logging.Logger,
+    internal_message: str,
+    observe: Observe | None = None,
+    trailers_of: TrailersOf | None = None,
 ) -> Callable[[F], F]:
     """Decorate servicer methods: ``code_of(e)`` gives a known error's code (None: unexpected, so INTERNAL
-    with ``internal_message`` and the traceback in ``log``); the message of a known error is its text."""
+    with ``internal_message`` and the traceback in ``log``); the message of a known error is its text, and
+    ``trailers_of(e)`` its trailing metadata."""
 
     async def abort(context: grpc.aio.ServicerContext, e: Exception) -> grpc.StatusCode:
         code = code_of(e)
+        trailers: tuple[tuple[str, str], ...] = ()
         if code is None:
             log.error("%s", internal_message, exc_info=e)
             code, message = grpc.StatusCode.INTERNAL, internal_message
         else:
             message = str(e) or code.name
-        await context.abort(code, message)
+            trailers = tuple(trailers_of(e)) if trailers_of is not None else ()
+        await context.abort(code, message, trailing_metadata=trailers)
         raise AssertionError("unreachable: abort raises")
 
     def done(servicer: Any, name: str, code: grpc.StatusCode, t0: float) -> None:

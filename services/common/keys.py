@@ -219,6 +219,7 @@ class EngineField:
     RUNNING: Final = "running"
     HELD: Final = "held"
     LOAD: Final = "load"  # sum of the engine's in-flight predicted tokens, kept by the queue scripts
+    DRAINED: Final = "drained"  # predicted tokens released so far (a counter): how fast the queue drains
 
 
 class RequestField:

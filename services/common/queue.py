@@ -30,7 +30,7 @@ class Retention:
     request_ttl_s: int = 3600  # how long a request hash lives while it waits or runs
     finished_ttl_s: int = 300  # how long a finished request and its output stream stay readable
     stream_maxlen: int = 10_000  # output events kept per request (deltas are coalesced by the worker)
-    notify_maxlen: int = 100_000  # notifications kept per engine (a reader further behind polls instead)
+    notify_maxlen: int = 20_000  # event copies kept per engine (a reader further behind polls instead)
     traces_maxlen: int = 200_000  # trace rows kept per engine
     max_attempts: int = 3  # claims before a request that keeps killing workers is failed
 

@@ -22,15 +22,17 @@ local function release(inflight, info, id)
   if y then
     redis.call('HDEL', inflight, id)
     redis.call('HINCRBY', info, 'load', -tonumber(y))
+    redis.call('HINCRBY', info, 'drained', tonumber(y))
   end
 end
 """
 
-# Tell the front doors that a request's output stream has a new event: one entry naming the request in the
-# engine's notify stream, which each dispatcher process reads with one blocking XREAD for all its streams.
+# Tell the front doors that a request's output stream has a new event: a copy of it (request id, stream
+# entry id, event) in the engine's notify stream, which each dispatcher process reads with one blocking
+# XREAD for all its streams; the request's own stream stays the record a late reader catches up from.
 _NOTIFY = """
-local function notify(key, id, maxlen)
-  redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', 'r', id)
+local function notify(key, rid, sid, ev, maxlen)
+  redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', 'r', rid, 'i', sid, 'e', ev)
 end
 """
 
@@ -41,9 +43,9 @@ end
 PUBLISH = (
     _NOTIFY
     + """
-redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'ev', ARGV[2])
+local sid = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'ev', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[4])
-notify(KEYS[2], ARGV[1], ARGV[5])
+notify(KEYS[2], ARGV[1], sid, ARGV[2], ARGV[5])
 return 1
 """
 )
@@ -127,12 +129,12 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 release(KEYS[3], KEYS[4], ARGV[1])
 redis.call('HSET', KEYS[1], 'state', ARGV[3], 't_done', ARGV[9])
 redis.call('EXPIRE', KEYS[1], ARGV[6])
-redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[7], '*', 'ev', ARGV[4])
+local sid = redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[7], '*', 'ev', ARGV[4])
 redis.call('EXPIRE', KEYS[5], ARGV[6])
 if ARGV[5] ~= '' then
   redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[8], '*', 'row', ARGV[5])
 end
-notify(KEYS[7], ARGV[1], ARGV[10])
+notify(KEYS[7], ARGV[1], sid, ARGV[4], ARGV[10])
 return 1
 """
 )
@@ -152,9 +154,9 @@ if st == 'queued' then
   release(KEYS[3], KEYS[4], ARGV[1])
   redis.call('HSET', KEYS[1], 'state', 'cancelled', 't_done', ARGV[4])
   redis.call('EXPIRE', KEYS[1], ARGV[3])
-  redis.call('XADD', KEYS[5], '*', 'ev', ARGV[2])
+  local sid = redis.call('XADD', KEYS[5], '*', 'ev', ARGV[2])
   redis.call('EXPIRE', KEYS[5], ARGV[3])
-  notify(KEYS[6], ARGV[1], ARGV[5])
+  notify(KEYS[6], ARGV[1], sid, ARGV[2], ARGV[5])
 elseif st == 'running' then
   redis.call('HSET', KEYS[1], 'cancel', 1)
 end
@@ -184,9 +186,9 @@ for _, id in ipairs(expired) do
       redis.call('HSET', rk, 'state', final, 't_done', ARGV[7])
       redis.call('EXPIRE', rk, ARGV[5])
       local ok = ARGV[3] .. id
-      redis.call('XADD', ok, '*', 'ev', ARGV[6])
+      local sid = redis.call('XADD', ok, '*', 'ev', ARGV[6])
       redis.call('EXPIRE', ok, ARGV[5])
-      notify(KEYS[5], id, ARGV[8])
+      notify(KEYS[5], id, sid, ARGV[6], ARGV[8])
     else
       redis.call('HSET', rk, 'state', 'queued')
       redis.call('ZADD', KEYS[2], f[3], id)

@@ -37,9 +37,10 @@ def parse_engine(
         batch = int(float(info.get(f.MAX_BATCH_SIZE) or info.get(f.MAX_NUM_SEQS) or 0))
         heartbeat_ms = float(info.get(f.HEARTBEAT_MS, 0) or 0)
         load = int(float(info.get(f.LOAD, 0) or 0))
+        drained = int(float(info.get(f.DRAINED, 0) or 0))
     except ValueError:
         log.warning("engine %s has an unreadable engine_info hash; treating it as dead", engine_id)
-        decode_ms, batch, heartbeat_ms, load = float("nan"), 0, 0.0, 0
+        decode_ms, batch, heartbeat_ms, load, drained = float("nan"), 0, 0.0, 0, 0
     usable = bool(model) and decode_ms == decode_ms and decode_ms > 0 and batch > 0
     alive = usable and (now_unix - heartbeat_ms / 1000.0) <= dead_after_s
     curve, prefill = _curve(engine_id, info.get(f.PROFILE)) if usable else ((), 0.0)
@@ -57,6 +58,7 @@ def parse_engine(
         queued=queued,
         running=running,
         alive=alive,
+        drained_tokens=drained,
     )
 
 
@@ -92,6 +94,7 @@ _INFO = (
     EngineField.HEARTBEAT_MS,
     EngineField.LOAD,
     EngineField.PROFILE,
+    EngineField.DRAINED,
 )
 
 

@@ -116,6 +116,9 @@ class EngineSnapshot:
     queued: int = 0
     running: int = 0
     alive: bool = True
+    # Predicted tokens its finished, failed and cancelled requests have released so far (a counter): its
+    # rate is how fast the engine's queue drains.
+    drained_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.common.config import CommonSettings
+from services.policy.admission import Bounds
 from services.policy.knobs import DEFAULT_KNOBS, DEFAULT_POLICY, Knobs
 from services.policy.registry import POLICIES
 
@@ -66,6 +67,24 @@ class DispatcherSettings(CommonSettings):
         ge=1,
         description="predictions above this count as this much for priority (bounds the wait)",
     )
+    max_queue_s: float = Field(
+        default=120.0,
+        ge=0,
+        le=86_400,
+        description="predicted seconds of work an engine's queue may hold; a new workflow over it is "
+        "browned out or refused (0: unbounded)",
+    )
+    brownout_margin: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="a full engine's new workflow may go to a model the router scores this much lower",
+    )
+    max_open_requests: int = Field(
+        default=10_000,
+        ge=1,
+        description="requests one dispatcher process holds open; new workflows past it get 429",
+    )
     program_ttl_s: int = Field(
         default=3600, ge=1, description="an idle program's assignment expires after this"
     )
@@ -105,6 +124,10 @@ class DispatcherSettings(CommonSettings):
         if v < default:
             raise ValueError("max_tokens_limit must be >= max_tokens_default")
         return v
+
+    def bounds(self) -> Bounds:
+        """The admission bounds as the pure admission function takes them."""
+        return Bounds(self.max_queue_s, self.brownout_margin)
 
     def knobs(self) -> Knobs:
         """The policy knobs as the pure policy functions take them."""

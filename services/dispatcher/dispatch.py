@@ -31,12 +31,14 @@ from services.common.types import EngineSnapshot, OutcomeRow, Prediction, StageR
 from services.dispatcher.clients import ConfidenceSource, LengthSource
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.decision import Timings, decision_record, ms_since
+from services.dispatcher.drain import DrainMeter
 from services.dispatcher.errors import (
     DispatchError,
     DuplicateRequest,
     InvalidRequest,
     ModelNotFound,
     NoLiveEngine,
+    Overloaded,
     StageConflict,
     guarded,
 )
@@ -45,13 +47,16 @@ from services.dispatcher.hub import StreamHub
 from services.dispatcher.intake import Intake, next_stage, stage_request
 from services.dispatcher.metrics import DispatcherMetrics
 from services.dispatcher.stream import stream_output
+from services.dispatcher.upstream import Upstream
 from services.dispatcher.validate import Limits, check_id, validate_request
 from services.policy import contract
+from services.policy.admission import admit
 from services.policy.contract import JobSize
 from services.policy.registry import POLICIES
 from services.policy.routing import (
     AffinityConflict,
     Assignment,
+    Route,
     candidates,
     choose,
     follow,
@@ -63,6 +68,7 @@ T = TypeVar("T")
 
 OUTCOMES_MAXLEN = 1_000_000
 _IDS_TTL_S = 1.0
+_OPEN_RETRY_S = 1.0  # a full dispatcher frees a slot as soon as any stream ends
 
 
 @contextlib.contextmanager
@@ -99,8 +105,7 @@ class Dispatcher:
         self.metrics = metrics or DispatcherMetrics(CollectorRegistry())
         self._r = redis
         self._keys = store.keys
-        self._router = router
-        self._predictor = predictor
+        self._up = Upstream(router, predictor, self.metrics)
         self.settings = settings
         self._policy = POLICIES[settings.policy]
         self._knobs = settings.knobs()
@@ -109,6 +114,9 @@ class Dispatcher:
         self.hub = hub or StreamHub(store, redis, settings.stream_block_ms)
         self._ids: list[str] = []
         self._ids_at = 0.0
+        self._bounds = settings.bounds()
+        self._drain = DrainMeter()
+        self._dispatching = 0
 
     @property
     def redis(self) -> Redis:
@@ -143,6 +151,7 @@ class Dispatcher:
         queue_engine_reads(pipe, self._keys, ids)
         res = await self._redis(t, pipe.execute())
         engines = engines_from(res[1:], ids, self._clock(), self.settings.engine_dead_after_s)
+        self._drain.observe(engines, time.monotonic())
         return cast(dict[str, str], res[0]), engines
 
     async def engines(self) -> list[EngineSnapshot]:
@@ -180,6 +189,7 @@ class Dispatcher:
         return await self._counted(run())
 
     async def _counted(self, call: Awaitable[Dispatched]) -> Dispatched:
+        self._dispatching += 1
         try:
             return await call
         except DispatchError as e:
@@ -188,6 +198,8 @@ class Dispatcher:
         except Exception:  # the server answers INTERNAL
             self.metrics.refused("INTERNAL")
             raise
+        finally:
+            self._dispatching -= 1
 
     def stream(self, d: Dispatched) -> AsyncIterator[StreamItem]:
         """The dispatched request's output: deltas, then exactly one ``Final`` (see ``stream_output``)."""
@@ -215,22 +227,28 @@ class Dispatcher:
             if req.model_pin not in {e.model for e in engines}:
                 raise ModelNotFound(f"no registered engine serves model {req.model_pin!r}")
         confidences: Mapping[str, float] = {}
+        browned_out_from = ""
+        if not program and self.open_requests > self.settings.max_open_requests:
+            # Only a new workflow: an admitted one's later stages always get in.
+            raise Overloaded(f"this dispatcher holds {self.open_requests} open requests", _OPEN_RETRY_S)
         with _policy_errors():
             if program:
                 route = follow(req.program_id, _assignment(program), engines, req.stage, req.model_pin)
-                preds = await self._predict(req, [route.model], t, degraded)
+                preds = await self._up.predictions(req, [route.model], t, degraded)
             else:
                 pool = candidates(engines, req.model_pin)
                 models = sorted({e.model for e in pool if e.alive})
                 if req.model_pin is None:
                     # The router and the predictor (for every candidate model) at once: neither waits.
                     confidences, preds = await asyncio.gather(
-                        self._confidences(req, models, t, degraded), self._predict(req, models, t, degraded)
+                        self._up.confidences(req, models, t, degraded),
+                        self._up.predictions(req, models, t, degraded),
                     )
                 else:
-                    preds = await self._predict(req, models, t, degraded)
+                    preds = await self._up.predictions(req, models, t, degraded)
                 t0 = time.perf_counter()
                 route = choose(self._policy, pool, confidences, self._knobs, req.model_pin)
+                route, browned_out_from = self._admit(route, engines, confidences, preds)
                 t.policy_ms += ms_since(t0)
         engine, model, branch = route.engine_id, route.model, str(route.branch)
         pred = preds[model]
@@ -262,9 +280,9 @@ class Dispatcher:
             if assigned_model != model:
                 pred = (
                     preds.get(assigned_model)
-                    or (await self._predict(req, [assigned_model], t, degraded))[assigned_model]
+                    or (await self._up.predictions(req, [assigned_model], t, degraded))[assigned_model]
                 )
-            engine, model, branch = assigned, assigned_model, "reuse-race"
+            engine, model, branch, browned_out_from = assigned, assigned_model, "reuse-race", ""
         t_enq = self._clock()
         t0 = time.perf_counter()
         # attained is 0 on a first stage: nothing has finished yet.
@@ -286,6 +304,13 @@ class Dispatcher:
             degraded,
             t,
         )
+        if browned_out_from:
+            decision["brownout"] = {
+                "from": browned_out_from,
+                "to": engine,
+                "max_queue_s": self._bounds.max_queue_s,
+                "margin": self._bounds.brownout_margin,
+            }
         decision["dispatch_ms_before_enqueue"] = ms_since(started)
         if not await self._redis(t, self.store.enqueue(engine, req, pred, score, t_enq, decision)):
             await self._refused_after_assign(t, status, req)
@@ -301,51 +326,43 @@ class Dispatcher:
             branch,
             self.metrics,
             t.frozen(),
+            browned_out_from,
         )
         self.metrics.accepted(d, branch, dict(confidences))
         return d
+
+    def _admit(
+        self,
+        route: Route,
+        engines: Sequence[EngineSnapshot],
+        confidences: Mapping[str, float],
+        preds: Mapping[str, Prediction],
+    ) -> tuple[Route, str]:
+        """The policy's choice, or a brownout to a close enough engine with room; refused with
+        ``Overloaded`` when no engine has room (services.policy.admission)."""
+        predicted = {m: p.p50 for m, p in preds.items()}
+        adm = admit(route, engines, confidences, predicted, self._bounds, self._drain.rates())
+        if adm.refused:
+            raise Overloaded(
+                f"engine {route.engine_id} holds {adm.work_s:.0f} s of predicted work, over its bound of "
+                f"{self._bounds.max_queue_s:g} s; retry in {adm.retry_after_s:.0f} s",
+                adm.retry_after_s,
+            )
+        if adm.browned_out_from is None:
+            return route, ""
+        self.metrics.browned_out(adm.browned_out_from, adm.engine_id)
+        return Route(adm.engine_id, adm.model, route.branch, route.selection), adm.browned_out_from
+
+    @property
+    def open_requests(self) -> int:
+        """Requests this process holds: being dispatched, or streaming back."""
+        return self._dispatching + self.hub.open_streams
 
     async def _refused_after_assign(self, t: Timings, status: str, req: StageRequest) -> NoReturn:
         """A duplicate request id: undo the assignment it just made (if it made one) and refuse."""
         if status == "new":
             await self._redis(t, self.store.unassign(req.program_id, req.request_id))
         raise DuplicateRequest(f"request {req.request_id} already exists")
-
-    async def _confidences(
-        self, req: StageRequest, models: Sequence[str], t: Timings, degraded: list[str]
-    ) -> Mapping[str, float]:
-        t0, ok = time.perf_counter(), False
-        try:
-            scores = await self._router.score(req.user_text(), req.workflow, models)
-            ok = True
-            return scores
-        except Exception as e:  # any router failure degrades; availability beats precision
-            log.warning("router failed (%s); dispatching %s to the fastest engine", e, req.request_id)
-            degraded.append("router")
-            return {}
-        finally:
-            t.router_ms += ms_since(t0)
-            self.metrics.upstream("router", time.perf_counter() - t0, ok)
-
-    async def _predict(
-        self, req: StageRequest, models: Sequence[str], t: Timings, degraded: list[str]
-    ) -> Mapping[str, Prediction]:
-        t0, ok = time.perf_counter(), False
-        try:
-            preds = await self._predictor.predict(req, models)
-            ok = set(models) <= set(preds)
-            if not ok:
-                raise ValueError(f"no prediction for {sorted(set(models) - set(preds))}")
-            return preds
-        except Exception as e:  # any predictor failure degrades to the request's own bound
-            log.warning("predictor failed (%s); using max_tokens for %s", e, req.request_id)
-            if "predictor" not in degraded:
-                degraded.append("predictor")
-            y = req.sampling.max_tokens
-            return dict.fromkeys(models, Prediction(p50=y, p90=y))
-        finally:
-            t.predictor_ms += ms_since(t0)
-            self.metrics.upstream("predictor", time.perf_counter() - t0, ok)
 
     async def forget_program(self, program_id: str) -> None:
         """Drop a program whose stages have all finished or been cancelled (a one-stage HTTP request):

@@ -32,6 +32,16 @@ class RequestTooLarge(DispatchError):
     code = "RESOURCE_EXHAUSTED"
 
 
+class Overloaded(DispatchError):
+    """The pool is full: the caller should come back after ``retry_after_s`` (HTTP 429, never 503)."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class ModelNotFound(DispatchError):
     code = "NOT_FOUND"
 

@@ -38,6 +38,7 @@ class Dispatched:
     branch: str = "new"  # new | pinned | reuse | reuse-race
     observer: RequestObserver | None = None  # told how the request's stream ends
     timings: DispatchTimings = DispatchTimings()  # the split of dispatch_ms
+    browned_out_from: str = ""  # the engine the policy chose, when its queue was full and this one took it
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,7 @@ class Final:
     attempts: int
     dispatch_ms: float
     timings: DispatchTimings = DispatchTimings()
+    browned_out_from: str = ""
 
 
 StreamItem = Delta | Final

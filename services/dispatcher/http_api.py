@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import socket
 import time
 import uuid
@@ -36,7 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common.types import ChatMessage
 from services.dispatcher.dispatch import Dispatcher
-from services.dispatcher.errors import DispatchError, InvalidRequest
+from services.dispatcher.errors import DispatchError, InvalidRequest, Overloaded
 from services.dispatcher.handoff import Delta, Dispatched, Final
 from services.dispatcher.intake import AUTO_MODEL, Intake
 from services.dispatcher.openai_schema import (
@@ -192,6 +193,8 @@ class OpenAIFrontDoor:
             "X-Chimera-Engine": dispatched.engine,
             "X-Chimera-Model": dispatched.model,
         }
+        if dispatched.browned_out_from:
+            headers["X-Chimera-Brownout-From"] = dispatched.browned_out_from
         if body.stream:
             events = self._sse(kind, dispatched, ident, body.include_usage())
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
@@ -287,14 +290,21 @@ def _sse(body: Mapping[str, Any]) -> str:
     return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
 
 
-def _error_response(status: int, body: dict[str, Any]) -> JSONResponse:
+def _error_response(status: int, body: dict[str, Any], retry_after_s: float | None = None) -> JSONResponse:
     # Client errors will fail the same way again; tell OpenAI clients not to retry them.
-    retry = "true" if status in (503, 504) else "false"
-    return JSONResponse(body, status_code=status, headers={"x-should-retry": retry})
+    retry = "true" if status in (429, 503, 504) else "false"
+    headers = {"x-should-retry": retry}
+    if retry_after_s is not None:
+        headers["retry-after"] = str(math.ceil(retry_after_s))
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 async def _dispatch_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, DispatchError)
+    if isinstance(exc, Overloaded):
+        # Busy is not down: 429 with when to come back, in OpenAI's rate-limit shape (never 503).
+        body = error_body(str(exc), "rate_limit_error", "rate_limit_exceeded")
+        return _error_response(429, body, exc.retry_after_s)
     return _error_response(*domain_error(exc.code, str(exc)))
 
 

@@ -2,21 +2,22 @@
 
 NOTE(hub): an open stream must not cost a Redis connection: with one blocking XREAD per stream, a pool of
 100 connections held 100 streams and the 101st caller got "Too many connections". Instead every output
-event is also announced in its engine's notify stream (``Keys.notify``, written by the same Lua script as
+event is also copied into its engine's notify stream (``Keys.notify``, by the same Lua script that appends
 the event). The hub's loop reads the notify streams of the engines it streams from with ONE blocking XREAD
-on its own connection, and fetches the new events of the announced requests it serves with one pipelined
-XREAD per engine on the shared pool. A subscriber waits on an in-process event, nothing else.
+on its own connection and hands each copy to the subscriber of its request, if this process has one. A
+subscriber waits on an in-process event, nothing else.
 
-Nothing is lost between the three steps: a subscription fetches its backlog when it opens; the loop starts
-a newly read notify stream a few seconds in the past (a repeated announcement costs one empty fetch); and a
-subscriber that hears nothing for ``probe_s`` fetches directly (``poll``), which also covers announcements
-trimmed away while the hub was behind.
+Nothing is lost in between: a subscription reads its request's own stream when it opens (its backlog);
+the loop starts a newly read notify stream a few seconds in the past (a copy delivered twice is dropped by
+its stream id); and a subscriber that hears nothing for ``probe_s`` reads its stream directly (``poll``),
+which also covers copies trimmed away while the hub was behind.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -167,20 +168,9 @@ class StreamHub:
         res: Any = await self._reader.xread(self._cursor, block=self._block_ms, count=10_000)
         if self._stopping:
             return
-        announced: dict[tuple[str, str], str] = {}
         for stream, entries in res or []:
             self._cursor[stream] = entries[-1][0]
+            engine = names[stream]
             for _, fields in entries:
-                key = (names[stream], fields["r"])
-                if (sub := self._subs.get(key)) is not None:
-                    announced[key] = sub.after
-        if not announced:
-            return
-        full = []
-        for key, events in (await self._store.read_many(announced)).items():
-            if (sub := self._subs.get(key)) is not None:
-                sub.deliver(events)
-                if len(events) >= READ_BATCH:
-                    full.append(sub)
-        for sub in full:  # a long backlog: the rest now rather than at the next announcement
-            await self.poll(sub)
+                if (sub := self._subs.get((engine, fields["r"]))) is not None:
+                    sub.deliver([OutputEvent(fields["i"], json.loads(fields["e"]))])

@@ -105,6 +105,12 @@ class DispatcherMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.brownouts = Counter(
+            f"{NS}_brownouts_total",
+            "new workflows sent to another engine because the chosen one's queue was over its bound",
+            ["from_engine", "to_engine"],
+            registry=r,
+        )
         self.degraded = Counter(
             f"{NS}_degraded_total",
             "dispatches that fell back because a dependency failed",
@@ -183,6 +189,9 @@ class DispatcherMetrics:
             self.degraded.labels(dep).inc()
         if branch == "new" and d.model in confidences:
             self.confidence.labels(d.model).observe(confidences[d.model])
+
+    def browned_out(self, from_engine: str, to_engine: str) -> None:
+        self.brownouts.labels(from_engine, to_engine).inc()
 
     def refused(self, code: str) -> None:
         self.errors.labels(code, "dispatch").inc()

@@ -107,6 +107,7 @@ def chimera_info(f: Final, program_id: str, stage: int) -> dict[str, Any]:
         "predicted_tokens_p90": f.predicted_tokens_p90,
         "attempts": f.attempts,
         "dispatch_ms": f.dispatch_ms,
+        "browned_out_from": f.browned_out_from or None,
         "dispatch_timings_ms": {
             "router": f.timings.router_ms,
             "predictor": f.timings.predictor_ms,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -20,7 +21,7 @@ from chimera.dispatcher.v1 import dispatcher_pb2_grpc
 from services.common.grpc_status import status_codes
 from services.common.types import ChatMessage
 from services.dispatcher.dispatch import Dispatcher
-from services.dispatcher.errors import DispatchError
+from services.dispatcher.errors import DispatchError, Overloaded
 from services.dispatcher.handoff import Delta, Final
 from services.dispatcher.intake import Intake
 from services.dispatcher.reaper import reap_forever
@@ -56,7 +57,12 @@ def _code(e: Exception) -> grpc.StatusCode | None:
     return None
 
 
-_status_codes = status_codes(_code, log, "dispatcher error; see its log")
+def _trailers(e: Exception) -> list[tuple[str, str]]:
+    # A refusal for load says when to come back, as HTTP's Retry-After does (whole seconds).
+    return [("retry-after", str(math.ceil(e.retry_after_s)))] if isinstance(e, Overloaded) else []
+
+
+_status_codes = status_codes(_code, log, "dispatcher error; see its log", trailers_of=_trailers)
 
 
 def _completion(f: Final) -> pb.Completion:
@@ -79,6 +85,7 @@ def _completion(f: Final) -> pb.Completion:
             policy_ms=f.timings.policy_ms,
             redis_ms=f.timings.redis_ms,
         ),
+        browned_out_from=f.browned_out_from,
     )
 
 

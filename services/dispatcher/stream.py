@@ -166,6 +166,7 @@ def _final(d: Dispatched, ev: Mapping[str, Any], clock: Callable[[], float]) -> 
         attempts=int(ev.get("attempt") or ev.get("a") or 0),
         dispatch_ms=d.dispatch_ms,
         timings=d.timings,
+        browned_out_from=d.browned_out_from,
     )
 
 

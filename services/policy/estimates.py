@@ -19,8 +19,13 @@ PREFILL_PER_OUTPUT_TOKEN = 2.0
 
 def engine_load_ms(snapshot: EngineSnapshot) -> float:
     """The paper's TTLT proxy L[m] = P_m * decode_ms_per_token / max_batch_size (§2.4)."""
+    return snapshot.inflight_tokens * load_ms_per_token(snapshot)
+
+
+def load_ms_per_token(snapshot: EngineSnapshot) -> float:
+    """What one more predicted token adds to L[m]: a token's share of a full batch's step."""
     profile = snapshot.profile
-    return snapshot.inflight_tokens * profile.decode_ms_per_token / max(1, profile.max_batch_size)
+    return profile.decode_ms_per_token / max(1, profile.max_batch_size)
 
 
 def effective_step_ms(e: EngineSnapshot, batch: int, prefill_per_token: float) -> float:

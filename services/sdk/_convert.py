@@ -76,6 +76,7 @@ def event(resp: pb.GenerateResponse) -> TextDelta | Completion:
             policy_ms=f.dispatch_timings.policy_ms,
             redis_ms=f.dispatch_timings.redis_ms,
         ),
+        browned_out_from=f.browned_out_from,
     )
 
 

@@ -10,10 +10,11 @@ import grpc
 class ChimeraError(Exception):
     """A call the front door refused or could not finish. ``code`` is the gRPC status name."""
 
-    def __init__(self, code: str, details: str) -> None:
+    def __init__(self, code: str, details: str, retry_after_s: float | None = None) -> None:
         super().__init__(f"{code}: {details}" if details else code)
         self.code = code
         self.details = details
+        self.retry_after_s = retry_after_s  # when the server said to come back, if it did
 
 
 class InvalidRequestError(ChimeraError):
@@ -22,6 +23,10 @@ class InvalidRequestError(ChimeraError):
 
 class RequestTooLargeError(InvalidRequestError):
     """RESOURCE_EXHAUSTED: the prompt is over the front door's size limit."""
+
+
+class OverloadedError(ChimeraError):
+    """RESOURCE_EXHAUSTED with a ``retry_after_s``: the pool is full; try again after that long."""
 
 
 class ModelNotFoundError(ChimeraError):
@@ -64,5 +69,19 @@ def from_rpc_error(e: grpc.RpcError) -> ChimeraError:
     """The SDK exception for a failed gRPC call (sync or aio)."""
     code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
     details = e.details() if hasattr(e, "details") else str(e)
+    retry_after = _retry_after(e)
     cls = _BY_CODE.get(code, ChimeraError)
-    return cls(code.name, str(details or ""))
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and retry_after is not None:
+        cls = OverloadedError  # busy, not too large: the front door says when to come back
+    return cls(code.name, str(details or ""), retry_after)
+
+
+def _retry_after(e: grpc.RpcError) -> float | None:
+    trailing = e.trailing_metadata() if hasattr(e, "trailing_metadata") else None
+    for key, value in trailing or ():
+        if key == "retry-after":
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                return None
+    return None

@@ -79,6 +79,8 @@ class Completion:
     attempts: int
     dispatch_ms: float
     dispatch_timings: DispatchTimings = DispatchTimings()
+    # The engine the policy chose when its queue was full and this workflow went to ``engine`` instead.
+    browned_out_from: str = ""
 
 
 @dataclass(frozen=True, slots=True)
