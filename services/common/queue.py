@@ -27,7 +27,9 @@ READ_BATCH = 512  # output events one read returns at most
 
 @dataclass(frozen=True, slots=True)
 class Retention:
-    request_ttl_s: int = 3600  # how long a request hash lives while it waits or runs
+    # How long a request may wait for an engine; it never expires while it runs (leases and the reaper
+    # look after a dead worker's requests), and an output stream lives this long after its last event.
+    queue_ttl_s: int = 3600
     finished_ttl_s: int = 300  # how long a finished request and its output stream stay readable
     stream_maxlen: int = 10_000  # output events kept per request (deltas are coalesced by the worker)
     notify_maxlen: int = 20_000  # event copies kept per engine (a reader further behind polls instead)
@@ -159,7 +161,7 @@ class QueueStore:
                 pred.p90,
                 repr(score),
                 repr(enqueued_unix),
-                self.retention.request_ttl_s,
+                self.retention.queue_ttl_s,
                 json.dumps(dict(decision), separators=(",", ":")),
                 req.program_id,
             ],
@@ -212,7 +214,7 @@ class QueueStore:
 
     async def publish_deltas(self, engine: str, items: Sequence[tuple[str, int, str]]) -> None:
         """Append one delta each to requests' output streams, (request id, attempt, text), and notify, in
-        one round trip. A stream is kept while its request may still run (the request TTL)."""
+        one round trip. A stream lives ``queue_ttl_s`` past its last event."""
         r, k = self.retention, self._k
         pipe = self._r.pipeline(transaction=False)
         for rid, attempt, text in items:
@@ -222,7 +224,7 @@ class QueueStore:
                     rid,
                     _ev(t="delta", a=attempt, text=text),
                     r.stream_maxlen,
-                    r.request_ttl_s,
+                    r.queue_ttl_s,
                     r.notify_maxlen,
                 ],
                 client=pipe,
@@ -336,6 +338,7 @@ class QueueStore:
                 _ev(t="error", code="UNAVAILABLE", message=f"engine {engine} failed on every attempt"),
                 repr(now),
                 r.notify_maxlen,
+                r.queue_ttl_s,
             ],
         )
         if ids:

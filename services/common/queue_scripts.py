@@ -51,7 +51,7 @@ return 1
 )
 
 # KEYS: req, inflight, info, queue, wake
-# ARGV: id, payload, y, y90, score, t_enq, ttl_s, decision, program_id
+# ARGV: id, payload, y, y90, score, t_enq, queue_ttl_s (how long it may wait), decision, program_id
 # Returns 1 when enqueued, 0 when the request id already exists (nothing is changed).
 ENQUEUE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
@@ -82,6 +82,8 @@ for _ = 1, tonumber(ARGV[1]) do
   if redis.call('HGET', rk, 'state') == 'queued' then
     local attempt = redis.call('HINCRBY', rk, 'attempt', 1)
     redis.call('HSET', rk, 'state', 'running', 'worker', ARGV[3], 't_claim', ARGV[4])
+    -- Its queue wait is over: nothing expires while it runs (its lease guards against a dead worker).
+    redis.call('PERSIST', rk)
     if attempt == 1 then redis.call('HSET', rk, 't_first_claim', ARGV[4]) end
     redis.call('ZADD', KEYS[2], ARGV[2], id)
     local f = redis.call('HMGET', rk, 'payload', 'y', 'y90', 't_enq', 't_first_claim')
@@ -165,10 +167,11 @@ return st
 )
 
 # KEYS: claims, queue, inflight, info, notify
-# ARGV: now_ms, req_prefix, out_prefix, max_attempts, retention_s, failed_event_json, now_s, notify_maxlen
+# ARGV: now_ms, req_prefix, out_prefix, max_attempts, retention_s, failed_event_json, now_s, notify_maxlen,
+#       queue_ttl_s
 # Moves every claim whose lease expired back to the queue with its original score (so it keeps its place
-# in the schedule); after max_attempts it fails the request instead of looping on a poison input.
-# Returns the ids re-queued.
+# in the schedule) and a fresh queue wait limit; after max_attempts it fails the request instead of looping
+# on a poison input. Returns the ids re-queued.
 REAP = (
     _RELEASE
     + _NOTIFY
@@ -191,6 +194,7 @@ for _, id in ipairs(expired) do
       notify(KEYS[5], id, sid, ARGV[6], ARGV[8])
     else
       redis.call('HSET', rk, 'state', 'queued')
+      redis.call('EXPIRE', rk, ARGV[9])
       redis.call('ZADD', KEYS[2], f[3], id)
       requeued[#requeued + 1] = id
     end

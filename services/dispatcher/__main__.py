@@ -9,7 +9,7 @@ from redis.asyncio import Redis
 
 from services.common.keys import Keys
 from services.common.logs import setup_logging
-from services.common.queue import QueueStore
+from services.common.queue import QueueStore, Retention
 from services.common.redis_client import connect
 from services.dispatcher.clients import PredictorClient, RouterClient
 from services.dispatcher.config import DispatcherSettings
@@ -29,7 +29,7 @@ async def _main(s: DispatcherSettings, metrics: DispatcherMetrics) -> None:
         grpc.aio.insecure_channel(s.predictor_addr) as pc,
     ):
         router, predictor = RouterClient(rc, s.router_timeout_s), PredictorClient(pc, s.predictor_timeout_s)
-        store = QueueStore(redis, Keys(s.key_prefix))
+        store = QueueStore(redis, Keys(s.key_prefix), Retention(queue_ttl_s=s.max_queue_wait_s))
         hub = StreamHub(store, reader, s.stream_block_ms)
         dispatcher = Dispatcher(store, redis, router, predictor, s, metrics=metrics, hub=hub)
         try:

@@ -80,6 +80,12 @@ class DispatcherSettings(CommonSettings):
         le=1,
         description="a full engine's new workflow may go to a model the router scores this much lower",
     )
+    max_queue_wait_s: int = Field(
+        default=3600,
+        ge=1,
+        le=7 * 86_400,
+        description="a request waiting longer than this for an engine is dropped (one that runs never is)",
+    )
     max_open_requests: int = Field(
         default=10_000,
         ge=1,

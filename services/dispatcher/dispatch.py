@@ -27,7 +27,7 @@ from redis.asyncio import Redis
 from services.common.keys import ProgramField
 from services.common.queue import QueueStore
 from services.common.snapshot import engine_ids, engines_from, queue_engine_reads, read_engines
-from services.common.types import EngineSnapshot, OutcomeRow, Prediction, StageRequest
+from services.common.types import EngineSnapshot, OutcomeRow, StageRequest
 from services.dispatcher.clients import ConfidenceSource, LengthSource
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.decision import Timings, decision_record, ms_since
@@ -248,7 +248,7 @@ class Dispatcher:
                     preds = await self._up.predictions(req, models, t, degraded)
                 t0 = time.perf_counter()
                 route = choose(self._policy, pool, confidences, self._knobs, req.model_pin)
-                route, browned_out_from = self._admit(route, engines, confidences, preds)
+                route, browned_out_from = self._admit(route, engines, confidences)
                 t.policy_ms += ms_since(t0)
         engine, model, branch = route.engine_id, route.model, str(route.branch)
         pred = preds[model]
@@ -336,15 +336,13 @@ class Dispatcher:
         route: Route,
         engines: Sequence[EngineSnapshot],
         confidences: Mapping[str, float],
-        preds: Mapping[str, Prediction],
     ) -> tuple[Route, str]:
         """The policy's choice, or a brownout to a close enough engine with room; refused with
         ``Overloaded`` when no engine has room (services.policy.admission)."""
-        predicted = {m: p.p50 for m, p in preds.items()}
-        adm = admit(route, engines, confidences, predicted, self._bounds, self._drain.rates())
+        adm = admit(route, engines, confidences, self._bounds, self._drain.rates())
         if adm.refused:
             raise Overloaded(
-                f"engine {route.engine_id} holds {adm.work_s:.0f} s of predicted work, over its bound of "
+                f"engine {route.engine_id} holds {adm.work_s:.1f} s of predicted work, over its bound of "
                 f"{self._bounds.max_queue_s:g} s; retry in {adm.retry_after_s:.0f} s",
                 adm.retry_after_s,
             )

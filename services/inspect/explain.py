@@ -70,6 +70,7 @@ class Explanation:
     tau: float
     delta_s: float
     recheck: Recheck | None  # only for Algorithm 1 on L[m]
+    brownout: Mapping[str, Any] | None  # from, to, max_queue_s, margin: the chosen engine was full
     degraded: tuple[str, ...]
     predicted_tokens: int
     predicted_tokens_p90: int
@@ -168,6 +169,13 @@ def reasons(e: Explanation) -> tuple[str, ...]:
             f"policy {e.policy} chose {chosen.engine} ({chosen.model}) with {label} {chosen.cost:.1f}"
             + ("; it has no slack or margin test" if chosen.slack_ok is None else "")
         )
+    if e.brownout:
+        b = e.brownout
+        out.append(
+            f"browned out: {b.get('from')} held more than its bound of {b.get('max_queue_s')} s of predicted "
+            f"work, so the workflow went to {b.get('to')}, whose model the router scores within "
+            f"{b.get('margin')} of it"
+        )
     for dep in e.degraded:
         out.append(
             "the router failed: every q counted as 0 (fastest engine)"
@@ -241,6 +249,7 @@ async def explain(
         recheck=recheck(candidates, tau, delta_s, str(selection.get("engine", engine)))
         if candidates and selection.get("cost_name") == ALGORITHM1_COST
         else None,
+        brownout=d.get("brownout"),
         degraded=tuple(str(x) for x in d.get("degraded", ())),
         predicted_tokens=int(_num(h.get(f.Y))),
         predicted_tokens_p90=int(_num(h.get(f.Y90))),

@@ -49,6 +49,9 @@ class WorkerSettings(CommonSettings):
     claim_wait_s: float = Field(
         default=0.5, gt=0.0, le=30.0, description="longest idle wait for the queue's doorbell"
     )
+    max_run_s: float = Field(
+        default=3600.0, gt=0, le=7 * 86_400, description="a request running longer than this is aborted"
+    )
     publish_interval_s: float = Field(
         default=0.05,
         gt=0.0,
@@ -133,6 +136,7 @@ class WorkerSettings(CommonSettings):
             heartbeat_s=self.heartbeat_s,
             claim_wait_s=self.claim_wait_s,
             publish_interval_s=self.publish_interval_s,
+            max_run_s=self.max_run_s,
             publish_chars=self.publish_chars,
             profile_on_start=self.profile_on_start,
         )

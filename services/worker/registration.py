@@ -10,6 +10,8 @@ from redis.typing import EncodableT, FieldT
 
 from services.common.keys import EngineField, Keys, ProfileField
 from services.common.types import EngineProfile
+from services.worker.engine.base import Engine
+from services.worker.profiling import profile_engine, store_profile
 
 log = logging.getLogger(__name__)
 
@@ -64,3 +66,34 @@ async def heartbeat(
         EngineField.WORKER_ID: worker_id,
     }
     await redis.hset(keys.engine_info(engine_id), mapping=mapping)
+
+
+async def announce(
+    redis: Redis,
+    keys: Keys,
+    engine: Engine,
+    engine_id: str,
+    kind: str,
+    worker_id: str,
+    profile_on_start: bool,
+) -> None:
+    """Register the worker's engine with its profile: the stored measured one, else the engine's own, else
+    (a real engine on its first start, with ``profile_on_start``) one measured now and stored."""
+    measured = await stored_profile(redis, keys, engine_id)
+    if measured is None and engine.profile() is None and profile_on_start:
+        log.info("engine %s has no measured profile: profiling it before it takes work", engine_id)
+        measured = await profile_engine(engine)
+        await store_profile(redis, keys, engine_id, measured)
+    profile = measured or engine.profile()
+    f = EngineField
+    fields: dict[str, str | int | float] = {
+        f.MODEL: engine.model,
+        f.KIND: kind,
+        f.MAX_NUM_SEQS: engine.max_num_seqs,
+        f.WORKER_ID: worker_id,
+        f.PROFILE_SOURCE: "measured" if measured else ("engine" if profile else "none"),
+        # A simulated engine runs time_scale times faster than its profile; readers of its timings
+        # (benchmarks) multiply wall durations by it. Real engines run at 1.
+        f.TIME_SCALE: float(getattr(engine, "time_scale", 1.0)),
+    }
+    await register(redis, keys, engine_id, fields, profile)

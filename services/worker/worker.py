@@ -23,13 +23,11 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from services.common.keys import EngineField
 from services.common.queue import QueueStore
 from services.common.types import ClaimedRequest
 from services.worker import records, registration
 from services.worker.engine.base import Engine, EngineDeadError, EngineOutput, EngineRequestError
 from services.worker.metrics import WorkerMetrics
-from services.worker.profiling import profile_engine, store_profile
 from services.worker.publisher import DeltaPublisher
 
 log = logging.getLogger(__name__)
@@ -49,6 +47,8 @@ class WorkerOptions:
     # sooner once publish_chars wait; a request's first text goes out at once.
     publish_interval_s: float = 0.05
     publish_chars: int = 65536
+    # A request running longer than this is aborted (a runaway generation must not hold a slot forever).
+    max_run_s: float = 3600.0
     # Tests: drain the queue and return (burst), or stop claiming after this many claims.
     burst: bool = False
     max_requests: int | None = None
@@ -162,25 +162,10 @@ class Worker:
         )
 
     async def _register(self) -> None:
-        o, keys = self._o, self._q.keys
-        measured = await registration.stored_profile(self._r, keys, o.engine_id)
-        if measured is None and self._engine.profile() is None and o.profile_on_start:
-            log.info("engine %s has no measured profile: profiling it before it takes work", o.engine_id)
-            measured = await profile_engine(self._engine)
-            await store_profile(self._r, keys, o.engine_id, measured)
-        profile = measured or self._engine.profile()
-        f = EngineField
-        fields: dict[str, str | int | float] = {
-            f.MODEL: self._engine.model,
-            f.KIND: o.kind,
-            f.MAX_NUM_SEQS: self._engine.max_num_seqs,
-            f.WORKER_ID: o.worker_id,
-            f.PROFILE_SOURCE: "measured" if measured else ("engine" if profile else "none"),
-            # A simulated engine runs time_scale times faster than its profile; readers of its timings
-            # (benchmarks) multiply wall durations by it. Real engines run at 1.
-            f.TIME_SCALE: float(getattr(self._engine, "time_scale", 1.0)),
-        }
-        await registration.register(self._r, keys, o.engine_id, fields, profile)
+        o = self._o
+        await registration.announce(
+            self._r, self._q.keys, self._engine, o.engine_id, o.kind, o.worker_id, o.profile_on_start
+        )
 
     def _room(self) -> int:
         not_started = sum(1 for j in self._held.values() if not j.started)
@@ -264,7 +249,14 @@ class Worker:
                 self._m.ended("deadline_exceeded")
                 return
             t0 = time.time()
-            final, text = await self._generate(job)
+            try:
+                async with asyncio.timeout(self._o.max_run_s):
+                    final, text = await self._generate(job)
+            except TimeoutError:
+                await self._abort(job)
+                await self._q.fail(c, "DEADLINE_EXCEEDED", f"ran longer than {self._o.max_run_s:g} s")
+                self._m.ended("deadline_exceeded")
+                return
             run_s = time.time() - t0
             if job.lost:
                 log.info("request %s: lease lost, dropped", job.key)
