@@ -131,6 +131,11 @@ class DispatcherSettings(CommonSettings):
             raise ValueError("max_tokens_limit must be >= max_tokens_default")
         return v
 
+    def door_limit(self) -> int:
+        """Calls / connections a door takes at most: a hard stop with headroom above ``max_open_requests``
+        (which answers first, with 429 and a Retry-After)."""
+        return self.max_open_requests + max(256, self.max_open_requests // 4)
+
     def bounds(self) -> Bounds:
         """The admission bounds as the pure admission function takes them."""
         return Bounds(self.max_queue_s, self.brownout_margin)

@@ -117,6 +117,10 @@ class Dispatcher:
         self._bounds = settings.bounds()
         self._drain = DrainMeter()
         self._dispatching = 0
+        b = self._bounds
+        self.metrics.limits(
+            b.max_queue_s, b.brownout_margin, settings.max_open_requests, lambda: self.open_requests
+        )
 
     @property
     def redis(self) -> Redis:

@@ -338,8 +338,9 @@ class _EmbeddedUvicorn(uvicorn.Server):
 class HttpServer:
     """uvicorn serving ``app`` on a socket bound up front (so port 0 reports the port it got)."""
 
-    def __init__(self, app: FastAPI, host: str, port: int, grace_s: float) -> None:
+    def __init__(self, app: FastAPI, host: str, port: int, grace_s: float, limit: int | None = None) -> None:
         self._app, self._host, self._port, self._grace_s = app, host, port, grace_s
+        self._limit = limit
         self._server: _EmbeddedUvicorn | None = None
         self._task: asyncio.Task[None] | None = None
         self.port = 0
@@ -356,6 +357,10 @@ class HttpServer:
             lifespan="off",
             access_log=False,
             timeout_graceful_shutdown=max(1, int(self._grace_s)),
+            # uvicorn answers 503 past this: only a hard stop well above the dispatcher's own bound, which
+            # refuses first with 429 and a Retry-After.
+            limit_concurrency=self._limit,
+            backlog=4096,
         )
         self._server = _EmbeddedUvicorn(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http")
@@ -379,4 +384,5 @@ class HttpServer:
 
 def build_http_server(dispatcher: Dispatcher) -> HttpServer:
     s = dispatcher.settings
-    return HttpServer(OpenAIFrontDoor(dispatcher).app(), s.http_host or s.host, s.http_port, s.grace_s)
+    app = OpenAIFrontDoor(dispatcher).app()
+    return HttpServer(app, s.http_host or s.host, s.http_port, s.grace_s, s.door_limit())

@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from redis import Redis as SyncRedis
@@ -46,6 +46,7 @@ from services.common.snapshot import parse_engine
 from services.common.types import EngineSnapshot
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.handoff import Dispatched, Final
+from services.policy.admission import work_s
 
 log = logging.getLogger(__name__)
 NS = "chimera_dispatcher"
@@ -103,6 +104,24 @@ class DispatcherMetrics:
             "router and predictor call latency as the dispatcher sees it",
             ["dependency", "outcome"],
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_bound = Gauge(
+            f"{NS}_queue_bound_seconds",
+            "predicted seconds of work an engine may hold (0: unbounded)",
+            registry=r,
+        )
+        self.brownout_margin = Gauge(
+            f"{NS}_brownout_margin",
+            "confidence a brownout target may have below the chosen model's",
+            registry=r,
+        )
+        self.open_requests_limit = Gauge(
+            f"{NS}_open_requests_limit", "requests this process holds open at most", registry=r
+        )
+        self.open_requests = Gauge(
+            f"{NS}_open_requests",
+            "requests this process holds now: being dispatched or streaming",
             registry=r,
         )
         self.brownouts = Counter(
@@ -189,6 +208,13 @@ class DispatcherMetrics:
             self.degraded.labels(dep).inc()
         if branch == "new" and d.model in confidences:
             self.confidence.labels(d.model).observe(confidences[d.model])
+
+    def limits(self, bound_s: float, margin: float, max_open: int, open_now: Callable[[], float]) -> None:
+        """The admission limits this process runs with, and how many requests it holds (read per scrape)."""
+        self.queue_bound.set(bound_s)
+        self.brownout_margin.set(margin)
+        self.open_requests_limit.set(max_open)
+        self.open_requests.set_function(open_now)
 
     def browned_out(self, from_engine: str, to_engine: str) -> None:
         self.brownouts.labels(from_engine, to_engine).inc()
@@ -297,6 +323,11 @@ class EngineCollector(Collector):
             "age of the oldest request still waiting in the engine's queue (0 when empty)",
             labels=em,
         )
+        work = GaugeMetricFamily(
+            "chimera_engine_queue_work_seconds",
+            "predicted seconds of work the engine holds: its load priced by its profile",
+            labels=em,
+        )
         up = GaugeMetricFamily(
             "chimera_dispatcher_redis_up", "1 if this scrape could read the engines from Redis"
         )
@@ -312,9 +343,10 @@ class EngineCollector(Collector):
             depth.add_metric(labels, s.queued)
             running.add_metric(labels, s.running)
             tokens.add_metric(labels, s.inflight_tokens)
+            work.add_metric(labels, work_s(s))
             alive.add_metric(labels, 1 if s.alive else 0)
         up.add_metric([], 1)
-        return [depth, running, tokens, alive, oldest, up]
+        return [depth, running, tokens, work, alive, oldest, up]
 
     def _read(self) -> tuple[list[EngineSnapshot], list[float]]:
         k = self._k

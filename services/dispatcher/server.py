@@ -142,7 +142,9 @@ class DispatcherServer:
         self.settings = dispatcher.settings
         self._redis = redis
         self.health = health.aio.HealthServicer()
-        self.server = grpc.aio.server()
+        # A hard stop past the dispatcher's own bound on open requests (which answers first, with a
+        # Retry-After); the headroom leaves room for health checks and later stages.
+        self.server = grpc.aio.server(maximum_concurrent_rpcs=self.settings.door_limit())
         self.port = 0
         self._reaper: asyncio.Task[None] | None = None
 

@@ -69,11 +69,13 @@ def _waiting_table(title: str, rows: tuple[WaitingRequest, ...]) -> Table:
     return t
 
 
-def _engine_tables(console: Console, e: EngineQueue) -> None:
+def _engine_tables(console: Console, e: EngineQueue, bound_s: float) -> None:
     state = "[green]alive[/]" if e.alive else "[red]dead[/]"
     hb = f", heartbeat {_ts(e.heartbeat_age_s)} ago" if e.heartbeat_age_s is not None else ""
+    full = f" of the {bound_s:g} s bound ({100 * e.work_s / bound_s:.0f}% full)" if bound_s > 0 else ""
     console.rule(
-        f"[bold]{e.engine}[/] ({e.model or '?'}) {state}{hb}, in-flight {e.load_tokens} predicted tokens"
+        f"[bold]{e.engine}[/] ({e.model or '?'}) {state}{hb}, in-flight {e.load_tokens} predicted tokens "
+        f"= {e.work_s:.1f} s of work{full}"
     )
     more = f" (first {len(e.waiting)})" if e.waiting_total > len(e.waiting) else ""
     console.print(_waiting_table(f"waiting: {e.waiting_total}{more}, served top first", e.waiting))
@@ -108,11 +110,11 @@ def _engine_tables(console: Console, e: EngineQueue) -> None:
     console.print(r)
 
 
-def render_queue(console: Console, view: QueueView) -> None:
+def render_queue(console: Console, view: QueueView, bound_s: float = 0.0) -> None:
     if not view.engines:
         console.print("no engine has registered")
     for e in view.engines:
-        _engine_tables(console, e)
+        _engine_tables(console, e, bound_s)
     p = Table(title=f"programs: {len(view.programs)}", title_justify="left")
     for col in ("program", "workflow", "engine", "model", "stage", "request", "age", "idle", "ttl"):
         p.add_column(col)
@@ -203,7 +205,7 @@ def queue(
     if as_json:
         typer.echo(json.dumps(asdict(view), indent=2))
     else:
-        render_queue(Console(), view)
+        render_queue(Console(), view, s.max_queue_s)
 
 
 @app.command(name="explain")

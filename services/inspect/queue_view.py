@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 
 from services.common.keys import EngineField, Keys, ProgramField, RequestField
 from services.common.snapshot import parse_engine
+from services.policy.admission import work_s
 
 R, P = RequestField, ProgramField
 _REQ_FIELDS = (R.PAYLOAD, R.Y, R.Y90, R.T_ENQ, R.ATTEMPT, R.DECISION, R.PROGRAM_ID, R.WORKER, R.T_CLAIM)
@@ -58,6 +59,7 @@ class EngineQueue:
     alive: bool
     heartbeat_age_s: float | None
     load_tokens: int
+    work_s: float  # the load priced by the engine's profile: what admission bounds (max_queue_s)
     waiting_total: int
     waiting: tuple[WaitingRequest, ...]  # the first ``limit`` of them
     running: tuple[RunningRequest, ...]
@@ -192,6 +194,7 @@ async def _engine(
         alive=snap.alive,
         heartbeat_age_s=now - _float(hb) / 1000.0 if hb else None,
         load_tokens=snap.inflight_tokens,
+        work_s=work_s(snap),
         waiting_total=waiting_total,
         waiting=await waiting_requests(redis, keys, engine, 0, limit - 1, now),
         running=running,
