@@ -53,13 +53,21 @@ class LoadConfig:
     doors: tuple[str, ...] = ("grpc", "http")
     duration_s: float = 10.0
     streams: int = 5000
-    stream_ramp_s: float = 10.0
+    # Opened over 90 s: a 2-core machine opens about a hundred workflows a second at most while it also
+    # relays the tokens of those already open; faster, the gRPC door's own queue times out callers.
+    stream_ramp_s: float = 90.0
     stream_tokens: int = 16
+    # The streams stack's queue bound (predicted seconds per engine): far above what 5,000 streams hold,
+    # so every stream is admitted and the phase measures holding, not shedding.
+    stream_bound_s: float = 86400.0  # the most the setting allows
     overload: bool = True
     overload_factor: float = 10.0
     overload_s: float = 20.0
+    # The overload stack's queue bound: a few seconds of a small pool's work.
+    overload_bound_s: float = 5.0
     # Extra dispatcher settings for every stack (e.g. the admission bounds).
     dispatcher_env: tuple[tuple[str, str], ...] = ()
+    phases: tuple[str, ...] = ("throughput", "streams", "overload")
 
 
 def _engine(eid: str, model: str, profile: EngineProfile, seqs: int, time_scale: float) -> EngineSpec:
@@ -96,8 +104,9 @@ def _pool(profile: EngineProfile, seqs: int, time_scale: float) -> PoolSpec:
 
 # Throughput: a 1.5B-like step curve, run 1000x faster than profiled, 256 sequences: never the bottleneck.
 FAST = EngineProfile(8.0, 256, 0.0, ((1, 8.0), (256, 16.0)))
-# Streams: one token every 1.5 s whatever the batch, so thousands of streams stay open together.
-TRICKLE = EngineProfile(1500.0, 4096, 0.0, ((1, 1500.0), (4096, 1500.0)))
+# Streams: one token every 8 s whatever the batch, so all 5,000 streams (16 tokens, about two minutes each)
+# are open together at the end of the ramp.
+TRICKLE = EngineProfile(8000.0, 4096, 0.0, ((1, 8000.0), (4096, 8000.0)))
 # Overload: a small pool with a finite capacity (8 sequences per engine, 20 ms steps).
 SMALL = EngineProfile(20.0, 8, 0.0, ((1, 20.0), (8, 20.0)))
 
@@ -161,10 +170,13 @@ def run_phase(phase: Phase, groups: Mapping[str, tuple[int, bool]]) -> dict[str,
 
 @contextlib.contextmanager
 def _stack(
-    state: Path, pool: PoolSpec, cfg: LoadConfig
+    state: Path, pool: PoolSpec, cfg: LoadConfig, bound_s: float | None = None
 ) -> Iterator[tuple[Stack, dict[str, tuple[int, bool]]]]:
     settings = LauncherSettings.ephemeral(state, start_timeout_s=300)
-    with running_stack(settings, pool, dispatcher_env=dict(cfg.dispatcher_env)) as stack:
+    env = dict(cfg.dispatcher_env)
+    if bound_s is not None:
+        env["CHIMERA_DISPATCHER_MAX_QUEUE_S"] = f"{bound_s:g}"
+    with running_stack(settings, pool, dispatcher_env=env) as stack:
         yield stack, _groups(stack)
 
 
@@ -193,7 +205,8 @@ def streams(cfg: LoadConfig, state: Path) -> list[dict[str, Any]]:
     out = []
     seqs = min(4096, cfg.streams)  # the most a worker takes; two engines hold 8192
     for door in cfg.doors:
-        with _stack(state / f"streams-{door}", _pool(TRICKLE, seqs, 1.0), cfg) as (stack, groups):
+        stack_cm = _stack(state / f"streams-{door}", _pool(TRICKLE, seqs, 1.0), cfg, cfg.stream_bound_s)
+        with stack_cm as (stack, groups):
             phase = _phase(
                 stack, kind="streams", door=door, streams=cfg.streams, ramp_s=cfg.stream_ramp_s,
                 max_tokens=cfg.stream_tokens,
@@ -203,7 +216,7 @@ def streams(cfg: LoadConfig, state: Path) -> list[dict[str, Any]]:
 
 
 def overload(cfg: LoadConfig, state: Path) -> dict[str, Any]:
-    with _stack(state / "overload", _pool(SMALL, 8, 1.0), cfg) as (stack, groups):
+    with _stack(state / "overload", _pool(SMALL, 8, 1.0), cfg, cfg.overload_bound_s) as (stack, groups):
         cap = run_phase(
             _phase(stack, kind="closed", door="grpc", concurrency=64, duration_s=cfg.duration_s), groups
         )
@@ -214,16 +227,24 @@ def overload(cfg: LoadConfig, state: Path) -> dict[str, Any]:
             )
             for door in cfg.doors
         }
-    return {"capacity_stages_per_s": cap["stages_per_s"], "rate": rate, "capacity_run": cap, **runs}
+    return {
+        "capacity_stages_per_s": cap["stages_per_s"],
+        "rate": rate,
+        "bound_s": cfg.overload_bound_s,
+        "capacity_run": cap,
+        **runs,
+    }
 
 
 def run(cfg: LoadConfig) -> dict[str, Any]:
     result: dict[str, Any] = {"config": asdict(cfg)}
     with tempfile.TemporaryDirectory(prefix="chimera-load-") as tmp:
         state = Path(tmp)
-        result["throughput"] = throughput(cfg, state)
-        result["streams"] = streams(cfg, state)
-        if cfg.overload:
+        if "throughput" in cfg.phases:
+            result["throughput"] = throughput(cfg, state)
+        if "streams" in cfg.phases:
+            result["streams"] = streams(cfg, state)
+        if cfg.overload and "overload" in cfg.phases:
             result["overload"] = overload(cfg, state)
     return result
 
@@ -237,6 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--concurrencies", type=int, nargs="+", default=list(d.concurrencies))
     ap.add_argument("--doors", nargs="+", default=list(d.doors), choices=["grpc", "http"])
     ap.add_argument("--no-overload", action="store_true")
+    ap.add_argument("--phases", nargs="+", default=["throughput", "streams", "overload"])
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a dispatcher setting")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -249,6 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         streams=args.streams,
         overload=not args.no_overload,
         dispatcher_env=env,
+        phases=tuple(args.phases),
     )
     started = time.perf_counter()
     result = run(cfg)

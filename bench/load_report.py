@@ -41,7 +41,8 @@ def _streams_table(rows: list[dict[str, Any]]) -> list[str]:
 def _overload_table(o: dict[str, Any]) -> list[str]:
     lines = [
         f"Capacity (closed loop, 64 in flight): {o['capacity_stages_per_s']:.1f} stages/s; offered "
-        f"{o['rate']:.1f} requests/s.",
+        f"{o['rate']:.1f} requests/s (Poisson); queue bound {o.get('bound_s', 0):g} s of predicted work per "
+        "engine. Queue wait p99 is over the admitted requests.",
         "",
         "| door | requests | completed | browned out | refused | refused with Retry-After | other errors "
         "| queue wait p99 s | by status |",
@@ -67,14 +68,22 @@ def markdown(result: dict[str, Any]) -> str:
         "are measured); the client runs in its own process and is not counted. "
         f"Command: `{result.get('command', '')}` ({result.get('runtime_s', 0)} s).",
         "",
-        "## Throughput: one-stage requests back to back",
-        "",
-        *_throughput_table(result["throughput"]),
-        "",
-        "## Open streams held at once",
-        "",
-        *_streams_table(result["streams"]),
     ]
+    if "throughput" in result:
+        lines += ["## Throughput: one-stage requests back to back", ""]
+        lines += _throughput_table(result["throughput"])
+    if "streams" in result:
+        cfg = result["config"]
+        lines += [
+            "",
+            "## Open streams held at once",
+            "",
+            f"Queue bound {cfg['stream_bound_s']:g} s per engine (above what the streams hold), "
+            f"opened over {cfg['stream_ramp_s']:g} s, {cfg['stream_tokens']} tokens "
+            "each, one token every 8 s.",
+            "",
+            *_streams_table(result["streams"]),
+        ]
     if "overload" in result:
         lines += [
             "",

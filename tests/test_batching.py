@@ -85,9 +85,12 @@ async def test_batch_closes_at_timeout(tmp_path: Path, make_collector: Any) -> N
     assert c.stats[0].requests == 2 and c.stats[0].ok
 
 
-async def test_workers_run_batches_in_parallel(tmp_path: Path, make_collector: Any) -> None:
+@pytest.mark.parametrize("executor", ["process", "thread"])
+async def test_workers_run_batches_in_parallel(tmp_path: Path, make_collector: Any, executor: str) -> None:
     publish_fake(tmp_path, "v1", sleep=0.4)
-    c = await make_collector(max_batch_size=2, max_wait_ms=1, pool_workers=2, reload_interval_s=60)
+    c = await make_collector(
+        max_batch_size=2, max_wait_ms=1, pool_workers=2, reload_interval_s=60, executor=executor
+    )
     t0 = time.perf_counter()
     answers = await asyncio.wait_for(asyncio.gather(*(c.submit(str(i)) for i in range(4))), 20)
     # Two batches of two, each sleeping 0.4 s: in parallel they take ~0.4 s, one after another 0.8 s.
@@ -106,9 +109,12 @@ async def test_one_callers_items_stay_together(tmp_path: Path, make_collector: A
     assert sorted(s.size for s in c.stats) == [2, 7]  # an oversized request runs alone, unsplit
 
 
-async def test_errors_reach_every_caller_of_the_batch(tmp_path: Path, make_collector: Any) -> None:
+@pytest.mark.parametrize("executor", ["process", "thread"])
+async def test_errors_reach_every_caller_of_the_batch(
+    tmp_path: Path, make_collector: Any, executor: str
+) -> None:
     publish_fake(tmp_path, "v1")
-    c = await make_collector(max_batch_size=8, max_wait_ms=100, reload_interval_s=60)
+    c = await make_collector(max_batch_size=8, max_wait_ms=100, reload_interval_s=60, executor=executor)
     results = await asyncio.wait_for(
         asyncio.gather(c.submit("a"), c.submit("boom"), c.submit("b"), return_exceptions=True), 20
     )
@@ -131,9 +137,10 @@ async def test_no_artifact_then_first_publish(tmp_path: Path, make_collector: An
     assert await asyncio.wait_for(c.submit("a"), 20) == (version, "v1:a")
 
 
-async def test_broken_artifact_keeps_old_version(tmp_path: Path, make_collector: Any) -> None:
+@pytest.mark.parametrize("executor", ["process", "thread"])
+async def test_broken_artifact_keeps_old_version(tmp_path: Path, make_collector: Any, executor: str) -> None:
     good = publish_fake(tmp_path, "v1")
-    c = await make_collector(reload_interval_s=60)
+    c = await make_collector(reload_interval_s=60, executor=executor)
     bad = publish_fake(tmp_path, "v2")
     (tmp_path / f"{bad}.joblib").write_bytes(b"garbage")
     assert await asyncio.wait_for(c.reload(), 60) is False
@@ -145,9 +152,12 @@ async def test_broken_artifact_keeps_old_version(tmp_path: Path, make_collector:
     assert await asyncio.wait_for(c.submit("a"), 20) == (fixed, "v3:a")
 
 
-async def test_hot_reload_under_load_drops_nothing(tmp_path: Path, make_collector: Any) -> None:
+@pytest.mark.parametrize("executor", ["process", "thread"])
+async def test_hot_reload_under_load_drops_nothing(
+    tmp_path: Path, make_collector: Any, executor: str
+) -> None:
     v1 = publish_fake(tmp_path, "v1", sleep=0.01)
-    c = await make_collector(max_batch_size=8, max_wait_ms=2, reload_interval_s=0.05)
+    c = await make_collector(max_batch_size=8, max_wait_ms=2, reload_interval_s=0.05, executor=executor)
     calls: list[tuple[int, bool, asyncio.Task[tuple[str, str]]]] = []
 
     def fire(i: int) -> None:
@@ -183,11 +193,13 @@ async def test_hot_reload_under_load_drops_nothing(tmp_path: Path, make_collecto
     assert all(v == v2 for (v, _), (_, switched, _) in zip(results, calls, strict=True) if switched)
     assert any(switched for _, switched, _ in calls)
     assert {s.version for s in c.stats} == {v1, v2} and all(s.ok for s in c.stats)
-    # The retired pool shuts down once its last batch returned: one worker process is left.
+    # The retired pool shuts down once its last batch returned: one worker process is left (none for
+    # threads, which never start one).
+    left = 1 if executor == "process" else 0
     deadline = time.monotonic() + 20
-    while len(multiprocessing.active_children()) > 1 and time.monotonic() < deadline:
+    while len(multiprocessing.active_children()) > left and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    assert len(multiprocessing.active_children()) == 1
+    assert len(multiprocessing.active_children()) == left
 
 
 async def test_closed_collector_refuses_work(tmp_path: Path) -> None:

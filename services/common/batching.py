@@ -1,17 +1,20 @@
-"""An asyncio batch collector that runs model inference in a process pool, with hot reload.
+"""An asyncio batch collector that runs model inference off the event loop, with hot reload.
 
 NOTE(batching): callers ``await submit_many(items)``; a single collector task closes a batch when it holds
 ``max_batch_size`` items or ``max_wait_ms`` after its first item arrived, whichever comes first, and hands it
-to a ``ProcessPoolExecutor`` so inference never blocks the event loop (paper §4). A caller's items are never
-split across batches, so one gRPC request is always answered by one artifact version. At most
-``pool_workers`` batches run at once; while all workers are busy, new requests wait in the collector and
-form the next (fuller) batch, which is the back-pressure we want under load.
+to an executor so inference never blocks the event loop (paper §4). The executor is a process pool
+(``executor="process"``: inference that holds the GIL cannot slow the gRPC server) or a thread pool in the
+serving process (``"thread"``: no pickling, no feeder and manager threads, no second process; the right
+choice for models that spend their time in numpy, scikit-learn or torch, which release the GIL). A
+caller's items are never split across batches, so one gRPC request is always answered by one artifact
+version. At most ``pool_workers`` batches run at once; while all workers are busy, new requests wait in the
+collector and form the next (fuller) batch, which is the back-pressure we want under load.
 
 Hot reload: a watcher polls the artifact ``CURRENT`` pointer. On a change it builds a *new* pool whose
-workers load the new version in their initializer, waits until one worker has loaded it (a broken artifact
-is rejected here and the old pool keeps serving), then switches new batches to it. The old pool is retired:
-it finishes the batches already handed to it and is shut down when the last one returns, so no request is
-dropped or failed by a reload.
+workers load the new version in their initializer (a thread pool's model is loaded once, off the loop),
+waits until one worker has loaded it (a broken artifact is rejected here and the old pool keeps serving),
+then switches new batches to it. The old pool is retired: it finishes the batches already handed to it and
+is shut down when the last one returns, so no request is dropped or failed by a reload.
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from services.common.artifacts import ArtifactMeta, CurrentWatcher, load_meta, load_version
 
@@ -98,7 +101,10 @@ def _run_batch(items: list[Any]) -> list[Any]:
 @dataclass(eq=False)
 class _Pool:
     meta: ArtifactMeta
-    executor: ProcessPoolExecutor
+    executor: Executor
+    # The loaded model, for a thread pool (it runs in this process); a process pool's workers hold their own.
+    model: Any = None
+    in_process: bool = False
     inflight: int = 0
     retired: bool = False
     broken: bool = False  # a worker process died: the executor refuses all further work
@@ -116,6 +122,7 @@ class CollectorOptions:
     max_batch_size: int = 32
     max_wait_ms: float = 5.0
     pool_workers: int = 1
+    executor: Literal["process", "thread"] = "process"
     reload_interval_s: float = 2.0
     # "spawn" because forking a process that runs gRPC's threads is unsafe.
     mp_start_method: str = "spawn"
@@ -237,6 +244,11 @@ class BatchCollector(Generic[I, R]):
 
     async def _build_pool(self, version: str) -> _Pool:
         meta = await asyncio.to_thread(load_meta, self._dir, version)
+        if self._opt.executor == "thread":
+            # A version that fails to load raises here, before anything serves from it.
+            model = await asyncio.to_thread(self._opt.loader, self._dir, version)
+            threads = ThreadPoolExecutor(self._opt.pool_workers, thread_name_prefix="inference")
+            return _Pool(meta, threads, model=model, in_process=True)
         executor = ProcessPoolExecutor(
             max_workers=self._opt.pool_workers,
             mp_context=multiprocessing.get_context(self._opt.mp_start_method),
@@ -326,7 +338,10 @@ class BatchCollector(Generic[I, R]):
         ok = False
         try:
             loop = asyncio.get_running_loop()
-            results = await loop.run_in_executor(pool.executor, _run_batch, items)
+            if pool.in_process:
+                results = await loop.run_in_executor(pool.executor, self._fn, pool.model, items)
+            else:
+                results = await loop.run_in_executor(pool.executor, _run_batch, items)
             if len(results) != len(items):
                 raise BatchShapeError(f"{len(results)} results for {len(items)} items")
             ok = True

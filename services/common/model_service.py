@@ -12,7 +12,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -58,7 +58,13 @@ class ModelServiceSettings(CommonSettings):
         default=1.0, ge=0.0, le=10_000.0, description="a batch closes this long after its first item arrives"
     )
     pool_workers: int = Field(
-        default=1, ge=1, le=64, description="inference worker processes (batches run at once)"
+        default=1, ge=1, le=64, description="inference workers, processes or threads (batches run at once)"
+    )
+    # Threads by default: the shipped models (tf-idf and MiniLM heads, quantile forests) spend their time
+    # in numpy, scikit-learn or torch, which release the GIL, and a process pool's pickling and feeder
+    # threads cost more CPU per call than the model (bench/results/load.md).
+    executor: Literal["process", "thread"] = Field(
+        default="thread", description="where inference runs: a thread pool here, or worker processes"
     )
     reload_interval_s: float = Field(
         default=2.0, gt=0.0, le=3600.0, description="how often CURRENT is checked"
@@ -123,6 +129,7 @@ class ModelServer(abc.ABC, Generic[ItemT, OutT]):
                 max_batch_size=settings.max_batch_size,
                 max_wait_ms=settings.max_wait_ms,
                 pool_workers=settings.pool_workers,
+                executor=settings.executor,
                 reload_interval_s=settings.reload_interval_s,
                 on_batch=self.metrics.on_batch,
                 on_reload=self._on_reload,
