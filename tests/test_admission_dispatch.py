@@ -5,6 +5,7 @@ scripts would leave them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -110,3 +111,22 @@ async def test_a_full_dispatcher_refuses_new_workflows_only(redis_client: Redis,
             await d.dispatch(_req("p5"))
         assert (await d.dispatch(_req("p4", stage=1))).branch == "reuse"
     await d.close()
+
+
+async def test_concurrent_first_stages_cannot_overfill_an_engine(redis_client: Redis, keys: Keys) -> None:
+    # All 40 read the same empty engines before any writes: only the bound checked at the write (ENQUEUE)
+    # keeps the engine from taking them all. 1 s bound = 1,000 tokens; each brings 100.
+    await _engines(redis_client, keys, {"e0": 10_000})  # e0 full: nowhere to brown out to
+    d = _dispatcher(redis_client, keys, brownout_margin=0.0)
+    before = set(await redis_client.keys(keys.program_pattern()))
+    results = await asyncio.gather(*(d.dispatch(_req(f"c{i}")) for i in range(40)), return_exceptions=True)
+    placed = [r for r in results if not isinstance(r, BaseException)]
+    refused = [r for r in results if isinstance(r, Overloaded)]
+    assert len(placed) + len(refused) == 40, [r for r in results if isinstance(r, BaseException)]
+    load = int(await redis_client.hget(keys.engine_info("e1"), EngineField.LOAD) or 0)
+    # Admitted while the load was at most the bound: at most one request's tokens past it.
+    assert 0 < len(placed) <= 11 and load <= 1_000 + 100, (len(placed), load)
+    assert all(r.retry_after_s >= 1.0 for r in refused)
+    # A refused first stage leaves no program behind.
+    programs = set(await redis_client.keys(keys.program_pattern())) - before
+    assert len(programs) == len(placed)

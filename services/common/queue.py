@@ -25,6 +25,10 @@ from services.common.types import ClaimedRequest, Prediction, StageRequest, Stag
 READ_BATCH = 512  # output events one read returns at most
 
 
+class EngineFull(Exception):
+    """The engine holds more in-flight work than the request's admission bound allowed."""
+
+
 @dataclass(frozen=True, slots=True)
 class Retention:
     # How long a request may wait for an engine; it never expires while it runs (leases and the reaper
@@ -143,8 +147,11 @@ class QueueStore:
         score: float,
         enqueued_unix: float,
         decision: Mapping[str, Any],
+        max_load_tokens: int = 0,
     ) -> bool:
-        """Atomically record the request, its in-flight tokens and its queue entry. False if it exists."""
+        """Atomically record the request, its in-flight tokens and its queue entry. False if it exists;
+        ``EngineFull`` (nothing written) if the engine already holds more than ``max_load_tokens`` in-flight
+        predicted tokens (0: no bound)."""
         k = self._k
         ok = await self._enqueue(
             keys=[
@@ -164,8 +171,11 @@ class QueueStore:
                 self.retention.queue_ttl_s,
                 json.dumps(dict(decision), separators=(",", ":")),
                 req.program_id,
+                max_load_tokens,
             ],
         )
+        if int(ok) < 0:
+            raise EngineFull(engine)
         return bool(ok)
 
     async def claim(self, engine: str, worker_id: str, n: int, lease_s: float) -> list[ClaimedRequest]:

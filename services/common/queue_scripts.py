@@ -51,10 +51,15 @@ return 1
 )
 
 # KEYS: req, inflight, info, queue, wake
-# ARGV: id, payload, y, y90, score, t_enq, queue_ttl_s (how long it may wait), decision, program_id
-# Returns 1 when enqueued, 0 when the request id already exists (nothing is changed).
+# ARGV: id, payload, y, y90, score, t_enq, queue_ttl_s (how long it may wait), decision, program_id,
+#       max_load (in-flight tokens the engine may already hold for this request to join; 0: no bound)
+# Returns 1 when enqueued, 0 when the request id already exists, -1 when the engine holds more than
+# max_load (nothing is changed in either case). The bound is checked here, with the write, because
+# concurrent dispatches all read the engine's load before any of them adds to it.
 ENQUEUE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local max_load = tonumber(ARGV[10] or '0')
+if max_load > 0 and tonumber(redis.call('HGET', KEYS[3], 'load') or '0') > max_load then return -1 end
 redis.call('HSET', KEYS[1], 'payload', ARGV[2], 'y', ARGV[3], 'y90', ARGV[4], 'score', ARGV[5],
            't_enq', ARGV[6], 'state', 'queued', 'attempt', 0, 'decision', ARGV[8], 'program_id', ARGV[9])
 redis.call('EXPIRE', KEYS[1], ARGV[7])

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
 from services.common.keys import ProgramField
-from services.common.queue import QueueStore
+from services.common.queue import EngineFull, QueueStore
 from services.common.snapshot import engine_ids, engines_from, queue_engine_reads, read_engines
 from services.common.types import EngineSnapshot, OutcomeRow, StageRequest
 from services.dispatcher.clients import ConfidenceSource, LengthSource
@@ -50,8 +50,9 @@ from services.dispatcher.stream import stream_output
 from services.dispatcher.upstream import Upstream
 from services.dispatcher.validate import Limits, check_id, validate_request
 from services.policy import contract
-from services.policy.admission import admit
+from services.policy.admission import admit, retry_after_s, work_s
 from services.policy.contract import JobSize
+from services.policy.estimates import load_ms_per_token
 from services.policy.registry import POLICIES
 from services.policy.routing import (
     AffinityConflict,
@@ -232,6 +233,7 @@ class Dispatcher:
                 raise ModelNotFound(f"no registered engine serves model {req.model_pin!r}")
         confidences: Mapping[str, float] = {}
         browned_out_from = ""
+        max_load = 0  # in-flight tokens the engine may hold for this request to join (0: no bound)
         if not program and self.open_requests > self.settings.max_open_requests:
             # Only a new workflow: an admitted one's later stages always get in.
             raise Overloaded(f"this dispatcher holds {self.open_requests} open requests", _OPEN_RETRY_S)
@@ -252,7 +254,7 @@ class Dispatcher:
                     preds = await self._up.predictions(req, models, t, degraded)
                 t0 = time.perf_counter()
                 route = choose(self._policy, pool, confidences, self._knobs, req.model_pin)
-                route, browned_out_from = self._admit(route, engines, confidences)
+                route, browned_out_from, max_load = self._admit(route, engines, confidences)
                 t.policy_ms += ms_since(t0)
         engine, model, branch = route.engine_id, route.model, str(route.branch)
         pred = preds[model]
@@ -287,6 +289,7 @@ class Dispatcher:
                     or (await self._up.predictions(req, [assigned_model], t, degraded))[assigned_model]
                 )
             engine, model, branch, browned_out_from = assigned, assigned_model, "reuse-race", ""
+            max_load = 0  # it joins an admitted workflow
         t_enq = self._clock()
         t0 = time.perf_counter()
         # attained is 0 on a first stage: nothing has finished yet.
@@ -316,7 +319,13 @@ class Dispatcher:
                 "margin": self._bounds.brownout_margin,
             }
         decision["dispatch_ms_before_enqueue"] = ms_since(started)
-        if not await self._redis(t, self.store.enqueue(engine, req, pred, score, t_enq, decision)):
+        try:
+            enqueued = await self._redis(
+                t, self.store.enqueue(engine, req, pred, score, t_enq, decision, max_load)
+            )
+        except EngineFull:
+            await self._full_after_assign(t, status, req, next(e for e in engines if e.engine_id == engine))
+        if not enqueued:
             await self._refused_after_assign(t, status, req)
         d = Dispatched(
             req,
@@ -340,9 +349,10 @@ class Dispatcher:
         route: Route,
         engines: Sequence[EngineSnapshot],
         confidences: Mapping[str, float],
-    ) -> tuple[Route, str]:
-        """The policy's choice, or a brownout to a close enough engine with room; refused with
-        ``Overloaded`` when no engine has room (services.policy.admission)."""
+    ) -> tuple[Route, str, int]:
+        """The policy's choice, or a brownout to a close enough engine with room, with the in-flight
+        tokens that engine may hold when the request joins it (ENQUEUE checks them atomically; 0: no
+        bound); refused with ``Overloaded`` when no engine has room (services.policy.admission)."""
         adm = admit(route, engines, confidences, self._bounds, self._drain.rates())
         if adm.refused:
             raise Overloaded(
@@ -350,15 +360,35 @@ class Dispatcher:
                 f"{self._bounds.max_queue_s:g} s; retry in {adm.retry_after_s:.0f} s",
                 adm.retry_after_s,
             )
+        max_load = 0
+        if self._bounds.max_queue_s > 0 and route.branch != "reuse":
+            target = next(e for e in engines if e.engine_id == adm.engine_id)
+            max_load = max(1, int(self._bounds.max_queue_s * 1000.0 / max(1e-12, load_ms_per_token(target))))
         if adm.browned_out_from is None:
-            return route, ""
+            return route, "", max_load
         self.metrics.browned_out(adm.browned_out_from, adm.engine_id)
-        return Route(adm.engine_id, adm.model, route.branch, route.selection), adm.browned_out_from
+        route = Route(adm.engine_id, adm.model, route.branch, route.selection)
+        return route, adm.browned_out_from, max_load
 
     @property
     def open_requests(self) -> int:
         """Requests this process holds: being dispatched, or streaming back."""
         return self._dispatching + self.hub.open_streams
+
+    async def _full_after_assign(
+        self, t: Timings, status: str, req: StageRequest, engine: EngineSnapshot
+    ) -> NoReturn:
+        """The engine filled past the bound between our read and our write (concurrent dispatches):
+        undo the assignment and refuse, as admission would have with a fresh read."""
+        if status == "new":
+            await self._redis(t, self.store.unassign(req.program_id, req.request_id))
+        excess = max(0.0, work_s(engine) - self._bounds.max_queue_s)
+        wait = retry_after_s(engine, excess, self._drain.rates().get(engine.engine_id, 0.0))
+        raise Overloaded(
+            f"engine {engine.engine_id} filled past its bound of {self._bounds.max_queue_s:g} s of predicted "
+            f"work while this request was dispatched; retry in {wait:.0f} s",
+            wait,
+        )
 
     async def _refused_after_assign(self, t: Timings, status: str, req: StageRequest) -> NoReturn:
         """A duplicate request id: undo the assignment it just made (if it made one) and refuse."""
