@@ -60,12 +60,21 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield s
 
 
+@pytest.fixture(scope="module")
+def roomy_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    # The bound far above what the streams hold: every one is admitted, the test is about holding them.
+    pool = PoolSpec(engines=(_engine("wide", "m-wide", 256, "qwen2.5-7b"),))
+    settings = LauncherSettings.ephemeral(tmp_path_factory.mktemp("roomy"))
+    with running_stack(settings, pool, dispatcher_env={"CHIMERA_DISPATCHER_MAX_QUEUE_S": "86400"}) as s:
+        yield s
+
+
 def _keys_of(stack: Stack) -> set[str]:
     with redis.Redis.from_url(stack.redis_url, decode_responses=True) as r:
         return {k for k in r.scan_iter(match=f"{stack.key_prefix}:*") if ":out:" not in k}
 
 
-async def test_more_streams_than_the_redis_pool_complete(stack: Stack) -> None:
+async def test_more_streams_than_the_redis_pool_complete(roomy_stack: Stack) -> None:
     n = 150  # the dispatcher's pool holds 64 connections; the old per-stream reads failed past 100
     body = {
         "model": "m-wide",
@@ -74,7 +83,8 @@ async def test_more_streams_than_the_redis_pool_complete(stack: Stack) -> None:
         "stream": True,
     }
     limits = httpx.Limits(max_connections=n + 10)
-    async with httpx.AsyncClient(base_url=f"http://{stack.http_addr}/v1", timeout=120, limits=limits) as http:
+    base = f"http://{roomy_stack.http_addr}/v1"
+    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as http:
 
         async def one() -> tuple[int, str]:
             async with http.stream("POST", "/chat/completions", json=body) as r:
