@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -40,5 +42,43 @@ async def test_a_stream_on_a_new_engine_interrupts_the_read(redis_client: Redis,
         assert await _first_event_s(hub, store, "e1", "r2") < 1.0
         assert await _first_event_s(hub, store, "e0", "r3") < 1.0
         assert hub.open_streams == 0
+    finally:
+        await hub.stop()
+
+
+class _SlowRead(QueueStore):
+    """Real store whose direct reads finish only after ``during`` ran (the hub delivering meanwhile)."""
+
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        super().__init__(redis, keys)
+        self.during: list[Callable[[], Awaitable[None]]] = []
+
+    async def read_many(self, after: Mapping[tuple[str, str], str]) -> Any:
+        got = await super().read_many(after)
+        while self.during:
+            await self.during.pop(0)()
+        return got
+
+
+async def test_a_copy_the_hub_delivers_during_the_backlog_read_loses_nothing(
+    redis_client: Redis, keys: Keys
+) -> None:
+    store = _SlowRead(redis_client, keys)
+    hub = StreamHub(store, Redis(connection_pool=redis_client.connection_pool), BLOCK_MS)
+    try:
+        async with hub.subscribe("e0", "other"):
+            await asyncio.sleep(0.2)
+            # The first delta's copy reaches the hub before anyone subscribed to "r": it is dropped there.
+            await store.publish_delta("e0", "r", 1, "one ")
+            await asyncio.sleep(0.3)
+
+            async def second_arrives_via_the_hub() -> None:
+                await store.publish_delta("e0", "r", 1, "two")
+                await asyncio.sleep(0.3)
+
+            store.during.append(second_arrives_via_the_hub)
+            async with hub.subscribe("e0", "r") as sub:
+                events = await hub.next(sub, 1.0)
+        assert "".join(e.data.get("text", "") for e in events) == "one two"
     finally:
         await hub.stop()

@@ -54,6 +54,17 @@ class Subscription:
     pending: list[OutputEvent] = field(default_factory=list)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     error: BaseException | None = None
+    # While its stream is read directly, the hub's copies wait here: delivered first, a later copy would
+    # make the read's earlier events look old (one whose copy the hub saw before the subscription existed
+    # was dropped, and the text lost its first delta).
+    syncing: bool = False
+    held: list[OutputEvent] = field(default_factory=list)
+
+    def offer(self, events: list[OutputEvent]) -> None:
+        if self.syncing:
+            self.held.extend(events)
+        else:
+            self.deliver(events)
 
     def deliver(self, events: list[OutputEvent]) -> None:
         fresh = [e for e in events if _newer(e.stream_id, self.after)]
@@ -128,11 +139,17 @@ class StreamHub:
     async def poll(self, sub: Subscription) -> None:
         """Fetch the subscription's new events directly (its backlog, or after a long silence)."""
         key = (sub.engine, sub.request_id)
-        while True:
-            events = (await guarded(self._store.read_many({key: sub.after}))).get(key, [])
-            sub.deliver(events)
-            if len(events) < READ_BATCH:
-                return
+        sub.syncing = True
+        try:
+            while True:
+                events = (await guarded(self._store.read_many({key: sub.after}))).get(key, [])
+                sub.deliver(events)
+                if len(events) < READ_BATCH:
+                    return
+        finally:
+            sub.syncing = False
+            held, sub.held = sub.held, []
+            sub.deliver(held)
 
     async def _read(self) -> Any:
         """One blocking read of the notify streams; None if a subscription on a new engine cut it short."""
@@ -213,4 +230,4 @@ class StreamHub:
             engine = names[stream]
             for _, fields in entries:
                 if (sub := self._subs.get((engine, fields["r"]))) is not None:
-                    sub.deliver([OutputEvent(fields["i"], json.loads(fields["e"]))])
+                    sub.offer([OutputEvent(fields["i"], json.loads(fields["e"]))])
