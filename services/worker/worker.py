@@ -65,6 +65,9 @@ class _Job:
     lost: bool = False  # the lease is gone (re-run elsewhere): drop silently
     cancel: bool = False  # the client cancelled: abort and complete as cancelled
     aborted: bool = False
+    # Its final event is being written: a renewal that finds it no longer running raced the completion,
+    # not a lost lease (it used to log "lease lost" and abort a request that had just finished).
+    finishing: bool = False
     task: asyncio.Task[None] | None = None
 
     @property
@@ -262,6 +265,7 @@ class Worker:
                 log.info("request %s: lease lost, dropped", job.key)
                 self._m.ended("lost")
                 return
+            job.finishing = True
             await self._complete(job, final, text, run_s)
         except EngineDeadError as exc:
             log.error("engine died while running %s: %s", job.key, exc)
@@ -342,7 +346,7 @@ class Worker:
                 continue
             for rid in res.lost:
                 job = self._held.get(rid)
-                if job is not None and not job.lost:
+                if job is not None and not job.lost and not job.finishing:
                     log.warning("request %s: lease lost (re-queued elsewhere); aborting", job.key)
                     job.lost = True
                     self._m.lease_lost()
