@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import NoReturn, TypeVar, cast
 
 from prometheus_client import CollectorRegistry
@@ -31,7 +31,6 @@ from services.common.types import EngineSnapshot, OutcomeRow, StageRequest
 from services.dispatcher.clients import ConfidenceSource, LengthSource
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.decision import Timings, decision_record, ms_since
-from services.dispatcher.drain import DrainMeter
 from services.dispatcher.errors import (
     DispatchError,
     DuplicateRequest,
@@ -42,6 +41,7 @@ from services.dispatcher.errors import (
     StageConflict,
     guarded,
 )
+from services.dispatcher.gate import Gate
 from services.dispatcher.handoff import Dispatched, ProgramEnd, StreamItem
 from services.dispatcher.hub import StreamHub
 from services.dispatcher.intake import Intake, next_stage, stage_request
@@ -50,14 +50,11 @@ from services.dispatcher.stream import stream_output
 from services.dispatcher.upstream import Upstream
 from services.dispatcher.validate import Limits, check_id, validate_request
 from services.policy import contract
-from services.policy.admission import admit, retry_after_s, work_s
 from services.policy.contract import JobSize
-from services.policy.estimates import load_ms_per_token
 from services.policy.registry import POLICIES
 from services.policy.routing import (
     AffinityConflict,
     Assignment,
-    Route,
     candidates,
     choose,
     follow,
@@ -115,10 +112,9 @@ class Dispatcher:
         self.hub = hub or StreamHub(store, redis, settings.stream_block_ms)
         self._ids: list[str] = []
         self._ids_at = 0.0
-        self._bounds = settings.bounds()
-        self._drain = DrainMeter()
+        self._gate = Gate(settings.bounds(), self.metrics)
         self._dispatching = 0
-        b = self._bounds
+        b = self._gate.bounds
         self.metrics.limits(
             b.max_queue_s, b.brownout_margin, settings.max_open_requests, lambda: self.open_requests
         )
@@ -156,7 +152,7 @@ class Dispatcher:
         queue_engine_reads(pipe, self._keys, ids)
         res = await self._redis(t, pipe.execute())
         engines = engines_from(res[1:], ids, self._clock(), self.settings.engine_dead_after_s)
-        self._drain.observe(engines, time.monotonic())
+        self._gate.drain.observe(engines, time.monotonic())
         return cast(dict[str, str], res[0]), engines
 
     async def engines(self) -> list[EngineSnapshot]:
@@ -254,7 +250,7 @@ class Dispatcher:
                     preds = await self._up.predictions(req, models, t, degraded)
                 t0 = time.perf_counter()
                 route = choose(self._policy, pool, confidences, self._knobs, req.model_pin)
-                route, browned_out_from, max_load = self._admit(route, engines, confidences)
+                route, browned_out_from, max_load = self._gate.admit(route, engines, confidences)
                 t.policy_ms += ms_since(t0)
         engine, model, branch = route.engine_id, route.model, str(route.branch)
         pred = preds[model]
@@ -315,8 +311,8 @@ class Dispatcher:
             decision["brownout"] = {
                 "from": browned_out_from,
                 "to": engine,
-                "max_queue_s": self._bounds.max_queue_s,
-                "margin": self._bounds.brownout_margin,
+                "max_queue_s": self._gate.bounds.max_queue_s,
+                "margin": self._gate.bounds.brownout_margin,
             }
         decision["dispatch_ms_before_enqueue"] = ms_since(started)
         try:
@@ -344,32 +340,6 @@ class Dispatcher:
         self.metrics.accepted(d, branch, dict(confidences))
         return d
 
-    def _admit(
-        self,
-        route: Route,
-        engines: Sequence[EngineSnapshot],
-        confidences: Mapping[str, float],
-    ) -> tuple[Route, str, int]:
-        """The policy's choice, or a brownout to a close enough engine with room, with the in-flight
-        tokens that engine may hold when the request joins it (ENQUEUE checks them atomically; 0: no
-        bound); refused with ``Overloaded`` when no engine has room (services.policy.admission)."""
-        adm = admit(route, engines, confidences, self._bounds, self._drain.rates())
-        if adm.refused:
-            raise Overloaded(
-                f"engine {route.engine_id} holds {adm.work_s:.1f} s of predicted work, over its bound of "
-                f"{self._bounds.max_queue_s:g} s; retry in {adm.retry_after_s:.0f} s",
-                adm.retry_after_s,
-            )
-        max_load = 0
-        if self._bounds.max_queue_s > 0 and route.branch != "reuse":
-            target = next(e for e in engines if e.engine_id == adm.engine_id)
-            max_load = max(1, int(self._bounds.max_queue_s * 1000.0 / max(1e-12, load_ms_per_token(target))))
-        if adm.browned_out_from is None:
-            return route, "", max_load
-        self.metrics.browned_out(adm.browned_out_from, adm.engine_id)
-        route = Route(adm.engine_id, adm.model, route.branch, route.selection)
-        return route, adm.browned_out_from, max_load
-
     @property
     def open_requests(self) -> int:
         """Requests this process holds: being dispatched, or streaming back."""
@@ -382,13 +352,7 @@ class Dispatcher:
         undo the assignment and refuse, as admission would have with a fresh read."""
         if status == "new":
             await self._redis(t, self.store.unassign(req.program_id, req.request_id))
-        excess = max(0.0, work_s(engine) - self._bounds.max_queue_s)
-        wait = retry_after_s(engine, excess, self._drain.rates().get(engine.engine_id, 0.0))
-        raise Overloaded(
-            f"engine {engine.engine_id} filled past its bound of {self._bounds.max_queue_s:g} s of predicted "
-            f"work while this request was dispatched; retry in {wait:.0f} s",
-            wait,
-        )
+        raise self._gate.filled(engine)
 
     async def _refused_after_assign(self, t: Timings, status: str, req: StageRequest) -> NoReturn:
         """A duplicate request id: undo the assignment it just made (if it made one) and refuse."""
