@@ -7,6 +7,7 @@ stops taking work before the workers and Redis go away.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -57,6 +58,15 @@ class Child:
         if self.alive():
             assert self.proc is not None
             self.proc.send_signal(sig)
+
+    def sweep(self) -> None:
+        """Kill what is left of the child's process group once the child itself is gone: a worker killed
+        outright leaves its engine's processes (vLLM's EngineCore, 1.8 GB each) orphaned otherwise. Its
+        session started with it, so the group id is its pid, and the id is not reused while any member
+        lives."""
+        if self.proc is not None and self.proc.poll() is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
 
     def wait(self, timeout_s: float) -> bool:
         if self.proc is None:
@@ -120,6 +130,7 @@ class Supervisor:
                 c.next_restart = now + min(30.0, 0.5 * 2**c.restarts)
                 log.warning("%s exited (code %s); restarting", c.name, c.proc.returncode)
             elif now >= c.next_restart:
+                c.sweep()
                 c.close_log()
                 c.restarts += 1
                 c.next_restart = 0.0
@@ -132,6 +143,7 @@ class Supervisor:
                 log.warning("%s did not stop in %.0fs; killing", c.name, grace_s)
                 c.signal(signal.SIGKILL)
                 c.wait(5)
+            c.sweep()
             c.close_log()
 
 
