@@ -25,7 +25,7 @@ from services.common.keys import Keys
 from services.common.queue import QueueStore
 from services.common.redis_proc import PrivateRedis
 from services.common.types import ClaimedRequest, StageResult
-from services.dispatcher.clients import PredictorClient, RouterClient
+from services.dispatcher.coalesce import sources
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.dispatch import Dispatcher
 from services.dispatcher.server import DispatcherServer
@@ -147,8 +147,7 @@ async def dispatcher_server(
         d = Dispatcher(
             QueueStore(redis, keys),
             redis,
-            RouterClient(rc, settings.router_timeout_s),
-            PredictorClient(pc, settings.predictor_timeout_s),
+            *sources(rc, pc, settings),
             settings,
         )
         server = DispatcherServer(d, redis)

@@ -11,7 +11,7 @@ from services.common.keys import Keys
 from services.common.logs import setup_logging
 from services.common.queue import QueueStore, Retention
 from services.common.redis_client import connect
-from services.dispatcher.clients import PredictorClient, RouterClient
+from services.dispatcher.coalesce import sources
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.dispatch import Dispatcher
 from services.dispatcher.http_api import build_http_server
@@ -28,7 +28,7 @@ async def _main(s: DispatcherSettings, metrics: DispatcherMetrics) -> None:
         grpc.aio.insecure_channel(s.router_addr) as rc,
         grpc.aio.insecure_channel(s.predictor_addr) as pc,
     ):
-        router, predictor = RouterClient(rc, s.router_timeout_s), PredictorClient(pc, s.predictor_timeout_s)
+        router, predictor = sources(rc, pc, s)
         store = QueueStore(redis, Keys(s.key_prefix), Retention(queue_ttl_s=s.max_queue_wait_s))
         hub = StreamHub(store, reader, s.stream_block_ms)
         dispatcher = Dispatcher(store, redis, router, predictor, s, metrics=metrics, hub=hub)

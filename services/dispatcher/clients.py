@@ -45,16 +45,22 @@ class RouterClient:
         self._timeout_s = timeout_s
 
     async def score(self, text: str, workflow: str, models: Sequence[str]) -> Mapping[str, float]:
+        return (await self.score_many([(text, workflow)], models))[0]
+
+    async def score_many(
+        self, items: Sequence[tuple[str, str]], models: Sequence[str]
+    ) -> list[Mapping[str, float]]:
+        """q[m] for each (text, workflow), in one call."""
         req = router_pb2.ScoreRequest(
-            items=[router_pb2.RouterInput(text=text, workflow=workflow)], models=list(models)
+            items=[router_pb2.RouterInput(text=text, workflow=wf) for text, wf in items], models=list(models)
         )
         try:
             resp = await self._stub.Score(req, timeout=self._timeout_s)
         except grpc.aio.AioRpcError as e:
             raise UpstreamError(f"router: {e.code().name}: {e.details()}") from e
-        if len(resp.scores) != 1:
-            raise UpstreamError(f"router returned {len(resp.scores)} score rows for 1 item")
-        return {m: min(1.0, max(0.0, float(v))) for m, v in resp.scores[0].confidence.items()}
+        if len(resp.scores) != len(items):
+            raise UpstreamError(f"router returned {len(resp.scores)} score rows for {len(items)} items")
+        return [{m: min(1.0, max(0.0, float(v))) for m, v in row.confidence.items()} for row in resp.scores]
 
 
 class PredictorClient:
@@ -63,18 +69,26 @@ class PredictorClient:
         self._timeout_s = timeout_s
 
     async def predict(self, request: StageRequest, models: Sequence[str]) -> Mapping[str, Prediction]:
-        system, user, prompt = request.system_text(), request.user_text(), request.prompt_text()
-        rows = [
-            predictor_pb2.FeatureRow(
-                model=m,
-                workflow=request.workflow,
-                stage=request.stage,
-                system_text=system,
-                user_text=user,
-                prompt_text=prompt,
-            )
-            for m in models
-        ]
+        return (await self.predict_many([(request, tuple(models))]))[0]
+
+    async def predict_many(
+        self, asks: Sequence[tuple[StageRequest, Sequence[str]]]
+    ) -> list[Mapping[str, Prediction]]:
+        """Predictions for several requests (each on its models), in one call."""
+        rows = []
+        for request, models in asks:
+            system, user, prompt = request.system_text(), request.user_text(), request.prompt_text()
+            rows += [
+                predictor_pb2.FeatureRow(
+                    model=m,
+                    workflow=request.workflow,
+                    stage=request.stage,
+                    system_text=system,
+                    user_text=user,
+                    prompt_text=prompt,
+                )
+                for m in models
+            ]
         req = predictor_pb2.PredictRequest(rows=rows, quantiles=list(QUANTILES))
         try:
             resp = await self._stub.Predict(req, timeout=self._timeout_s)
@@ -83,10 +97,18 @@ class PredictorClient:
         if len(resp.predictions) != len(rows):
             raise UpstreamError(f"predictor returned {len(resp.predictions)} rows for {len(rows)}")
         quantiles = list(resp.quantiles) or list(QUANTILES)
-        return {
-            m: prediction_from_quantiles(quantiles, list(p.values))
-            for m, p in zip(models, resp.predictions, strict=True)
-        }
+        out: list[Mapping[str, Prediction]] = []
+        at = 0
+        for _, models in asks:
+            values = resp.predictions[at : at + len(models)]
+            out.append(
+                {
+                    m: prediction_from_quantiles(quantiles, list(p.values))
+                    for m, p in zip(models, values, strict=True)
+                }
+            )
+            at += len(models)
+        return out
 
 
 def prediction_from_quantiles(quantiles: Sequence[float], values: Sequence[float]) -> Prediction:

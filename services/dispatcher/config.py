@@ -41,6 +41,13 @@ class DispatcherSettings(CommonSettings):
         le=60,
         description="per-call predictor deadline; past it max_tokens is the prediction",
     )
+    upstream_inflight: int = Field(
+        default=2,
+        ge=0,
+        le=64,
+        description="calls out at once to the router (and to the predictor); dispatches arriving meanwhile "
+        "share the next call (0: one call per dispatch)",
+    )
     # The policy knobs' defaults live with the policy (services.policy.knobs), which the simulator shares.
     policy: str = Field(
         default=DEFAULT_POLICY, description="scheduling policy name (services/policy/README.md)"
