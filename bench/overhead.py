@@ -46,6 +46,9 @@ class Sample:
     latency_s: float
     ttft_s: float
     completion_tokens: int
+    # Seconds between consecutive text-bearing chunks as the client received them: what coalescing deltas
+    # costs a reader (fewer, larger chunks), next to what it saves in CPU.
+    gaps_s: tuple[float, ...] = ()
 
 
 # ---- workload -------------------------------------------------------------------------------------------
@@ -126,6 +129,7 @@ def summarize(samples: Sequence[Sample], wall_s: float) -> dict[str, Any]:
     tokens = sum(s.completion_tokens for s in samples)
     lat = [s.latency_s for s in samples]
     ttft = [s.ttft_s for s in samples]
+    gaps = [g for s in samples for g in s.gaps_s] or [0.0]
     return {
         "wall_s": wall_s,
         "completion_tokens": tokens,
@@ -134,6 +138,8 @@ def summarize(samples: Sequence[Sample], wall_s: float) -> dict[str, Any]:
         "p99_latency_s": _pct(lat, 0.99),
         "p50_ttft_s": _pct(ttft, 0.5),
         "p99_ttft_s": _pct(ttft, 0.99),
+        "p50_gap_s": _pct(gaps, 0.5),
+        "p99_gap_s": _pct(gaps, 0.99),
         "short_requests": sum(1 for s in samples if s.completion_tokens == 0),
     }
 
@@ -150,6 +156,7 @@ def direct_sender(client: httpx.AsyncClient, model: str, max_tokens: int) -> Sen
         }
         t0 = time.perf_counter()
         ttft = 0.0
+        arrivals: list[float] = []
         usage: dict[str, Any] = {}
         async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
             resp.raise_for_status()
@@ -158,11 +165,11 @@ def direct_sender(client: httpx.AsyncClient, model: str, max_tokens: int) -> Sen
                     continue
                 chunk = json.loads(line[6:])
                 usage = chunk.get("usage") or usage
-                if not ttft and any(
-                    (c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()
-                ):
-                    ttft = time.perf_counter() - t0
-        return Sample(time.perf_counter() - t0, ttft, int(usage.get("completion_tokens", 0)))
+                if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()):
+                    arrivals.append(time.perf_counter())
+                    ttft = ttft or arrivals[0] - t0
+        tokens = int(usage.get("completion_tokens", 0))
+        return Sample(time.perf_counter() - t0, ttft, tokens, _gaps(arrivals))
 
     return send
 
@@ -176,15 +183,21 @@ def chimera_sender(client: Any, max_tokens: int, tag: str) -> Send:
         t0 = time.perf_counter()
         ttft = 0.0
         tokens = 0
+        arrivals: list[float] = []
         pid = f"bench-{tag}-{i}-{uuid.uuid4().hex[:6]}"
         async for ev in client.stream(msgs, program_id=pid, stage=0, workflow="bench", sampling=sampling):
             if isinstance(ev, Completion):
                 tokens = ev.completion_tokens
-            elif ev.text and not ttft:
-                ttft = time.perf_counter() - t0
-        return Sample(time.perf_counter() - t0, ttft, tokens)
+            elif ev.text:
+                arrivals.append(time.perf_counter())
+                ttft = ttft or arrivals[0] - t0
+        return Sample(time.perf_counter() - t0, ttft, tokens, _gaps(arrivals))
 
     return send
+
+
+def _gaps(arrivals: Sequence[float]) -> tuple[float, ...]:
+    return tuple(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
 
 
 # ---- one run --------------------------------------------------------------------------------------------
@@ -241,8 +254,9 @@ def _compare(runs: dict[str, list[Any]]) -> dict[str, Any]:
     """Medians of each path, their ratios, the back-to-back pair ratios and CPU per 1k tokens."""
     out: dict[str, Any] = {}
     for side in ("direct", "chimera"):
-        for key in ("tokens_per_s", "p50_latency_s", "p99_latency_s", "p50_ttft_s", "p99_ttft_s"):
-            out[f"{side}_{key}"] = _median(runs[side], key)
+        for key in _FIGURES:
+            if all(key in r for r in runs[side]):  # older raw results lack the later figures
+                out[f"{side}_{key}"] = _median(runs[side], key)
     # The headline ratios are medians over back-to-back pairs (direct i, chimera i): a pair shares the
     # machine's load of that minute, which on a shared box swings throughput by tens of percent.
     pairs = list(zip(runs["direct"], runs["chimera"], strict=True))
@@ -257,6 +271,11 @@ def _compare(runs: dict[str, list[Any]]) -> dict[str, Any]:
     out["cpu_s_per_1k_tokens"] = {side: _cpu_per_1k(runs[side]) for side in ("direct", "chimera")}
     out["repeats"] = runs
     return out
+
+
+_FIGURES = (
+    "tokens_per_s", "p50_latency_s", "p99_latency_s", "p50_ttft_s", "p99_ttft_s", "p50_gap_s", "p99_gap_s"
+)  # fmt: skip
 
 
 def _median(runs: Sequence[dict[str, Any]], key: str) -> float:

@@ -58,6 +58,8 @@ _ROWS = (
     ("p99 latency (s)", "p99_latency_s", 1.0),
     ("p50 TTFT (ms)", "p50_ttft_s", 1000.0),
     ("p99 TTFT (ms)", "p99_ttft_s", 1000.0),
+    ("p50 gap between text chunks (ms)", "p50_gap_s", 1000.0),
+    ("p99 gap between text chunks (ms)", "p99_gap_s", 1000.0),
 )
 
 
@@ -65,6 +67,8 @@ def _section(r: dict[str, Any], chimera_label: str) -> list[str]:
     """The table, the ratios and the CPU split of one direct-vs-chimera comparison."""
     lines = [f"| metric | direct | {chimera_label} | chimera / direct |", "|---|---:|---:|---:|"]
     for label, key, scale in _ROWS:
+        if f"direct_{key}" not in r:
+            continue  # a result written before this figure was measured (--report-only)
         d, c = r[f"direct_{key}"] * scale, r[f"chimera_{key}"] * scale
         lines.append(f"| {label} | {d:.4g} | {c:.4g} | {c / d if d else float('nan'):.3f} |")
     pairs = ", ".join(f"{x:.3f}" for x in r["throughput_ratio_pairs"])
