@@ -148,6 +148,21 @@ async def test_request_without_identity_is_a_one_stage_workflow(http: Http) -> N
     assert [k async for k in http.redis.scan_iter(match=http.keys.program_pattern())] == []
 
 
+async def test_a_one_stage_workflows_prediction_is_capped_at_its_max_tokens(http: Http) -> None:
+    # The fake predictor says 40 (p50) and 80 (p90). Nothing follows a one-stage workflow, so its remaining
+    # output is at most max_tokens; a stage of a longer workflow keeps the predictor's figure.
+    await http.client.chat.completions.create(
+        model="auto", messages=MESSAGES, max_tokens=16, extra_headers={"X-Chimera-Request-Id": "solo"}
+    )
+    staged = {"X-Chimera-Program-Id": "wf-cap", "X-Chimera-Stage": "0", "X-Chimera-Request-Id": "cap-s0"}
+    await http.client.chat.completions.create(
+        model="auto", messages=MESSAGES, max_tokens=16, extra_headers=staged
+    )
+    solo, first = [await _request_fields(http, rid) for rid in ("solo", "cap-s0")]
+    assert (solo[1]["y"], solo[1]["y90"]) == ("16", "16")
+    assert (first[1]["y"], first[1]["y90"]) == ("40", "80")
+
+
 async def test_legacy_completions_streamed_and_not(http: Http) -> None:
     resp = await http.client.completions.create(model="auto", prompt="say hello", max_tokens=8)
     assert (resp.choices[0].text, resp.object, resp.model) == ("Hello", "text_completion", "m-big")

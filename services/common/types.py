@@ -45,6 +45,9 @@ class StageRequest:
     deadline_unix: float | None = None
     # When the front door accepted it: end-to-end time is measured from here.
     received_unix: float = 0.0
+    # The workflow ends with this stage (an HTTP request without a program): all that remains of it is this
+    # stage's output, so its predicted remaining tokens are at most max_tokens.
+    last_stage: bool = False
 
     def system_text(self) -> str:
         return "\n".join(m.content for m in self.messages if m.role == "system")

@@ -178,6 +178,7 @@ class OpenAIFrontDoor:
             model=body.model,
             request_id=ident.request_id,
             timeout_ms=ident.timeout_ms,
+            last_stage=ident.one_shot,
         )
         try:
             dispatched = await self._d.submit(intake)

@@ -35,6 +35,7 @@ class Intake:
     model: str = ""  # "" or "auto": the policy chooses; anything else pins the model
     request_id: str = ""  # "": a fresh id
     timeout_ms: int = 0  # 0: no deadline
+    last_stage: bool = False  # the workflow ends with this stage (StageRequest.last_stage)
 
 
 def next_stage(program: Mapping[str, str]) -> int:
@@ -62,4 +63,5 @@ def stage_request(intake: Intake, stage: int, settings: DispatcherSettings, now:
         model_pin=None if model in ("", AUTO_MODEL) else model,
         deadline_unix=now + intake.timeout_ms / 1000.0 if intake.timeout_ms else None,
         received_unix=now,
+        last_stage=intake.last_stage,
     )

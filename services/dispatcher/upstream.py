@@ -46,6 +46,12 @@ class Upstream:
             ok = set(models) <= set(preds)
             if not ok:
                 raise ValueError(f"no prediction for {sorted(set(models) - set(preds))}")
+            if req.last_stage:
+                # Nothing follows this stage: the workflow's remaining output cannot exceed its max_tokens.
+                # Over-predicted, it would inflate the engine's load and its queue bound would refuse work
+                # the engine could run.
+                y = req.sampling.max_tokens
+                return {m: Prediction(p50=min(p.p50, y), p90=min(p.p90, y)) for m, p in preds.items()}
             return preds
         except Exception as e:  # any predictor failure degrades to the request's own bound
             log.warning("predictor failed (%s); using max_tokens for %s", e, req.request_id)
