@@ -33,10 +33,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import psutil  # type: ignore[import-untyped]
-
 from bench.load_client import Phase
 from bench.load_report import write_results
+from bench.overhead_procs import cpu_seconds, stack_groups
 from services.common.types import EngineProfile
 from services.launcher.config import LauncherSettings
 from services.launcher.pool import EngineSpec, PoolSpec
@@ -111,32 +110,9 @@ TRICKLE = EngineProfile(8000.0, 4096, 0.0, ((1, 8000.0), (4096, 8000.0)))
 SMALL = EngineProfile(20.0, 8, 0.0, ((1, 20.0), (8, 20.0)))
 
 
-def _groups(stack: Stack) -> dict[str, tuple[int, bool]]:
-    groups = {c.name: (c.proc.pid, True) for c in stack.supervisor.children if c.proc is not None}
-    for p in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if p.name().startswith("redis-server"):
-                groups["redis"] = (p.pid, False)
-    return groups
-
-
-def _cpu(groups: Mapping[str, tuple[int, bool]]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for name, (pid, tree) in groups.items():
-        total = 0.0
-        with contextlib.suppress(psutil.Error):
-            root = psutil.Process(pid)
-            for p in [root, *(root.children(recursive=True) if tree else [])]:
-                with contextlib.suppress(psutil.Error):
-                    t = p.cpu_times()
-                    total += t.user + t.system
-        out[name] = total
-    return out
-
-
 def run_phase(phase: Phase, groups: Mapping[str, tuple[int, bool]]) -> dict[str, Any]:
     """Run one phase in a client process; the result with the CPU each stack process spent meanwhile."""
-    before = _cpu(groups)
+    before = cpu_seconds(groups)
     proc = subprocess.run(
         [sys.executable, "-m", "bench.load_client"],
         input=json.dumps(asdict(phase)),
@@ -144,7 +120,7 @@ def run_phase(phase: Phase, groups: Mapping[str, tuple[int, bool]]) -> dict[str,
         text=True,
         check=False,
     )
-    after = _cpu(groups)
+    after = cpu_seconds(groups)
     if proc.returncode != 0:
         raise RuntimeError(f"load client failed: {proc.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(proc.stdout)
@@ -177,7 +153,7 @@ def _stack(
     if bound_s is not None:
         env["CHIMERA_DISPATCHER_MAX_QUEUE_S"] = f"{bound_s:g}"
     with running_stack(settings, pool, dispatcher_env=env) as stack:
-        yield stack, _groups(stack)
+        yield stack, stack_groups(stack)
 
 
 def _phase(stack: Stack, **kw: Any) -> Phase:

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,10 +80,12 @@ def vllm_server(model_dir: Path, served: str, cfg: OverheadConfig, log_file: Pat
 
 def process_groups(server_pid: int, stack: Any) -> dict[str, tuple[int, bool]]:
     """Name -> (pid, count its descendants too) of every process that serves a request, for CPU time."""
-    groups = {"vllm_server": (server_pid, True), "bench_client": (os.getpid(), False)}
-    for child in stack.supervisor.children:
-        if child.proc is not None:
-            groups[child.name] = (child.proc.pid, True)
+    return {"vllm_server": (server_pid, True), "bench_client": (os.getpid(), False), **stack_groups(stack)}
+
+
+def stack_groups(stack: Any) -> dict[str, tuple[int, bool]]:
+    """``process_groups`` of a launcher stack alone: each child with its descendants, and its Redis."""
+    groups = {c.name: (c.proc.pid, True) for c in stack.supervisor.children if c.proc is not None}
     for p in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             if p.name().startswith("redis-server"):
@@ -91,7 +93,7 @@ def process_groups(server_pid: int, stack: Any) -> dict[str, tuple[int, bool]]:
     return groups
 
 
-def cpu_seconds(groups: dict[str, tuple[int, bool]]) -> dict[str, float]:
+def cpu_seconds(groups: Mapping[str, tuple[int, bool]]) -> dict[str, float]:
     """User + system CPU seconds used so far by each group (0 for a process that is gone)."""
     out: dict[str, float] = {}
     for name, (pid, tree) in groups.items():

@@ -69,6 +69,10 @@ _IDS_TTL_S = 1.0
 _OPEN_RETRY_S = 1.0  # a full dispatcher frees a slot as soon as any stream ends
 
 
+def _duplicate(req: StageRequest) -> DuplicateRequest:
+    return DuplicateRequest(f"request {req.request_id} already exists")
+
+
 @contextlib.contextmanager
 def _policy_errors() -> Iterator[None]:
     """The pure policy's refusals, as the front door's status-coded errors."""
@@ -274,7 +278,7 @@ class Dispatcher:
         if status == "backwards":
             raise StageConflict(f"stage {req.stage} is behind the program's last stage")
         if duplicate or status == "duplicate":
-            await self._refused_after_assign(t, status, req)
+            await self._undo_and_refuse(t, status, req, _duplicate(req))
         if assigned != engine:
             # Another replica assigned this program first: join its engine (affinity), re-predict if the
             # model differs because the prediction is model-specific.
@@ -320,9 +324,11 @@ class Dispatcher:
                 t, self.store.enqueue(engine, req, pred, score, t_enq, decision, max_load)
             )
         except EngineFull:
-            await self._full_after_assign(t, status, req, next(e for e in engines if e.engine_id == engine))
+            # The engine filled past the bound between our read and our write (concurrent dispatches).
+            full = next(e for e in engines if e.engine_id == engine)
+            await self._undo_and_refuse(t, status, req, self._gate.filled(full))
         if not enqueued:
-            await self._refused_after_assign(t, status, req)
+            await self._undo_and_refuse(t, status, req, _duplicate(req))
         d = Dispatched(
             req,
             engine,
@@ -345,20 +351,13 @@ class Dispatcher:
         """Requests this process holds: being dispatched, or streaming back."""
         return self._dispatching + self.hub.open_streams
 
-    async def _full_after_assign(
-        self, t: Timings, status: str, req: StageRequest, engine: EngineSnapshot
+    async def _undo_and_refuse(
+        self, t: Timings, status: str, req: StageRequest, error: DispatchError
     ) -> NoReturn:
-        """The engine filled past the bound between our read and our write (concurrent dispatches):
-        undo the assignment and refuse, as admission would have with a fresh read."""
+        """Refuse a request whose ASSIGN already ran: undo the assignment if it made one, then raise."""
         if status == "new":
             await self._redis(t, self.store.unassign(req.program_id, req.request_id))
-        raise self._gate.filled(engine)
-
-    async def _refused_after_assign(self, t: Timings, status: str, req: StageRequest) -> NoReturn:
-        """A duplicate request id: undo the assignment it just made (if it made one) and refuse."""
-        if status == "new":
-            await self._redis(t, self.store.unassign(req.program_id, req.request_id))
-        raise DuplicateRequest(f"request {req.request_id} already exists")
+        raise error
 
     async def forget_program(self, program_id: str) -> None:
         """Drop a program whose stages have all finished or been cancelled (a one-stage HTTP request):

@@ -24,7 +24,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,7 +103,10 @@ class StreamHub:
         self._clock = clock
         self._subs: dict[tuple[str, str], Subscription] = {}
         self._cursor: dict[KeyT, StreamIdT] = {}  # notify stream -> id read up to
-        self._engines: dict[str, float] = {}  # engine read -> when it last had a subscription (monotonic)
+        # Engine read -> when its last subscription closed (monotonic; inf while any is open). Kept up to
+        # date by subscribe, so a round never walks the (thousands of) subscriptions.
+        self._engines: dict[str, float] = {}
+        self._open: Counter[str] = Counter()  # open subscriptions per engine
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._grown = asyncio.Event()  # a subscription on an engine the current read does not cover
@@ -116,14 +121,19 @@ class StreamHub:
         sub = Subscription(engine, request_id)
         self._subs[(engine, request_id)] = sub
         if engine not in self._engines:
-            self._engines[engine] = time.monotonic()
             self._grown.set()
+        self._engines[engine] = math.inf
+        self._open[engine] += 1
         self._ensure_running()
         try:
             await self.poll(sub)
             yield sub
         finally:
             self._subs.pop((engine, request_id), None)
+            self._open[engine] -= 1
+            if not self._open[engine]:
+                del self._open[engine]
+                self._engines[engine] = time.monotonic()
 
     async def next(self, sub: Subscription, timeout_s: float) -> list[OutputEvent]:
         """The events delivered since the last call, waiting up to ``timeout_s`` for the first."""
@@ -209,8 +219,6 @@ class StreamHub:
     async def _round(self) -> None:
         self._grown.clear()  # before the engines are listed: a subscription after this sets it again
         now = time.monotonic()
-        for engine, _ in self._subs:
-            self._engines[engine] = now
         # Engines nobody streamed from for a while are forgotten: read again later, they start afresh.
         self._engines = {e: t for e, t in self._engines.items() if now - t < _KEEP_S}
         names = {self._keys.notify(e): e for e in sorted(self._engines)}
