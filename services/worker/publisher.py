@@ -5,8 +5,8 @@ one read and one gRPC message each), and an engine produces a token for every ru
 step. So requests never write their own deltas: they append to the publisher, which flushes everything
 pending every ``interval_s`` (or sooner once ``max_chars`` wait) as one pipeline of PUBLISH scripts: one
 stream entry per request per flush, whatever the batch size and the token rate. The worker flushes a
-request's first text at once, so coalescing never delays the time to first token, and flushes before a
-completion, which keeps every delta ahead of its final event.
+request's first text at once, so coalescing never delays the time to first token, and flushes a request's
+own pending text before its completion, which keeps every delta ahead of its final event.
 """
 
 from __future__ import annotations
@@ -68,15 +68,22 @@ class DeltaPublisher:
         if self._chars >= self._max_chars:
             self._soon.set()
 
-    async def flush(self) -> None:
-        """Send everything pending now (and wait for it)."""
+    async def flush(self, source: Source | None = None) -> None:
+        """Send what is pending now, of every request or of ``source`` alone (and wait for it).
+
+        A request's first text and its last deltas before the final event go out alone: flushing every
+        request's text whenever one starts or ends would shrink everyone's coalescing window to the gap
+        between completions."""
         async with self._lock:
-            batch, self._pending, self._chars = self._pending, {}, 0
-            self._soon.clear()
+            if source is None:
+                batch, self._pending, self._chars = list(self._pending.values()), {}, 0
+                self._soon.clear()
+            else:
+                one = self._pending.pop(id(source), None)
+                batch = [one] if one is not None else []
+                self._chars -= sum(len(part) for p in batch for part in p.parts)
             items = [
-                (p.source.request_id, p.source.attempt, "".join(p.parts))
-                for p in batch.values()
-                if not p.source.stale
+                (p.source.request_id, p.source.attempt, "".join(p.parts)) for p in batch if not p.source.stale
             ]
             if items:
                 await self._store.publish_deltas(self._engine, items)

@@ -307,13 +307,13 @@ class Worker:
             if out.text_delta:
                 self._deltas.add(job, out.text_delta)
                 if not parts:
-                    await self._deltas.flush()  # the first token at once: coalescing never delays it
+                    await self._deltas.flush(job)  # the first token at once: coalescing never delays it
                 parts.append(out.text_delta)
             if out.finished:
                 final = out
         if final is None:
             raise RuntimeError("the engine's stream ended without a finished output")
-        await self._deltas.flush()  # every delta ahead of the final event
+        await self._deltas.flush(job)  # its deltas ahead of its final event
         return final, "".join(parts)
 
     async def _complete(self, job: _Job, final: EngineOutput, text: str, run_s: float) -> None:

@@ -1,0 +1,52 @@
+"""The worker's delta publisher with a fake store (records what would be published): a request flushed
+alone takes only its own text, the others wait for the shared flush, and order within a request holds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import pytest
+
+from services.common.queue import QueueStore
+from services.worker.publisher import DeltaPublisher
+
+pytestmark = pytest.mark.unit
+
+
+@dataclass
+class Job:
+    request_id: str
+    attempt: int = 1
+    stale: bool = False
+
+
+class FakeStore:
+    def __init__(self) -> None:
+        self.calls: list[list[tuple[str, int, str]]] = []
+
+    async def publish_deltas(self, engine: str, items: Sequence[tuple[str, int, str]]) -> None:
+        self.calls.append(list(items))
+
+
+def _publisher() -> tuple[DeltaPublisher, FakeStore]:
+    store = FakeStore()
+    return DeltaPublisher(cast(QueueStore, cast(Any, store)), "e0", 0.05, 1 << 16), store
+
+
+async def test_a_request_flushed_alone_leaves_the_others_for_the_shared_flush() -> None:
+    pub, store = _publisher()
+    a, b, gone = Job("a"), Job("b"), Job("gone", stale=True)
+    pub.add(a, "a1")
+    pub.add(b, "b1")
+    pub.add(a, "a2")
+    pub.add(gone, "x")
+    await pub.flush(a)
+    assert store.calls == [[("a", 1, "a1a2")]]
+    pub.add(a, "a3")
+    await pub.flush()
+    assert store.calls[1] == [("b", 1, "b1"), ("a", 1, "a3")]  # a stale attempt writes nothing
+    await pub.flush(b)
+    await pub.flush()
+    assert len(store.calls) == 2  # nothing was left to send
