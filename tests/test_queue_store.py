@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
 from services.common.keys import Keys
-from services.common.queue import QueueStore, Retention
+from services.common.queue import OutputEvent, QueueStore, Retention
 from services.common.types import (
     ChatMessage,
     Prediction,
@@ -36,6 +37,18 @@ async def _load(r: Redis, keys: Keys, engine: str) -> int:
     return int(await r.hget(keys.engine_info(engine), "load") or 0)
 
 
+async def _events(q: QueueStore, rid: str) -> list[OutputEvent]:
+    return (await q.read_many({("e0", rid): "0"})).get(("e0", rid), [])
+
+
+async def _assign(q: QueueStore, *args: Any) -> tuple[str, str, str]:
+    pipe = q.redis.pipeline(transaction=False)
+    await q.queue_assign(pipe, *args)
+    (res,) = await pipe.execute()
+    status, engine, model = (str(x) for x in res)
+    return status, engine, model
+
+
 async def test_enqueue_claim_complete_round_trip(redis_client: Redis, keys: Keys) -> None:
     q = QueueStore(redis_client, keys)
     for rid, y in [("a", 300), ("b", 100), ("c", 200)]:
@@ -51,7 +64,7 @@ async def test_enqueue_claim_complete_round_trip(redis_client: Redis, keys: Keys
     assert await q.complete(claimed[0], res, None)
     assert not await q.complete(claimed[0], res, None)  # already finished: nothing written twice
     assert await _load(redis_client, keys, "e0") == 500
-    events = await q.read_events("e0", "b", "0", 10)
+    events = await _events(q, "b")
     assert [e.data["t"] for e in events] == ["final"]
     assert events[0].data["text"] == "hi"
 
@@ -69,7 +82,7 @@ async def test_expired_lease_is_requeued_and_stale_worker_fenced(redis_client: R
     assert not await q.complete(first, StageResult("stale", "stop", 1, 1), None)
     assert await q.complete(second, StageResult("fresh", "stop", 1, 1), None)
     assert await _load(redis_client, keys, "e0") == 0
-    finals = [e.data for e in await q.read_events("e0", "a", "0", 10) if e.data["t"] == "final"]
+    finals = [e.data for e in await _events(q, "a") if e.data["t"] == "final"]
     assert [f["text"] for f in finals] == ["fresh"]
 
 
@@ -98,15 +111,15 @@ async def test_poison_request_fails_after_max_attempts(redis_client: Redis, keys
     fields = await q.request_fields("e0", "a")
     assert fields["state"] == "failed"
     assert await _load(redis_client, keys, "e0") == 0
-    events = await q.read_events("e0", "a", "0", 10)
+    events = await _events(q, "a")
     assert events[-1].data["t"] == "error"
 
 
 async def test_assign_is_sticky_and_rejects_backwards_stages(redis_client: Redis, keys: Keys) -> None:
     q = QueueStore(redis_client, keys)
-    assert await q.assign("p", "e1", "m1", "wf", 0, "r0", 60, {"m1": 0.5}) == ("new", "e1", "m1")
-    assert await q.assign("p", "e2", "m2", "wf", 1, "r1", 60, {}) == ("ok", "e1", "m1")
-    assert (await q.assign("p", "e1", "m1", "wf", 0, "r2", 60, {}))[0] == "backwards"
+    assert await _assign(q, "p", "e1", "m1", "wf", 0, "r0", 60, {"m1": 0.5}) == ("new", "e1", "m1")
+    assert await _assign(q, "p", "e2", "m2", "wf", 1, "r1", 60, {}) == ("ok", "e1", "m1")
+    assert (await _assign(q, "p", "e1", "m1", "wf", 0, "r2", 60, {}))[0] == "backwards"
 
 
 async def test_credit_adds_to_a_live_program_and_never_revives_an_ended_one(
@@ -115,7 +128,7 @@ async def test_credit_adds_to_a_live_program_and_never_revives_an_ended_one(
     q = QueueStore(redis_client, keys)
     assert await q.credit_program("gone", 50) == 0
     assert not await redis_client.exists(keys.program("gone"))
-    await q.assign("p", "e1", "m1", "wf", 0, "r0", 60, {})
+    await _assign(q, "p", "e1", "m1", "wf", 0, "r0", 60, {})
     assert await q.credit_program("p", 30) == 30
     assert await q.credit_program("p", 12) == 42
     assert await redis_client.ttl(keys.program("p")) > 0  # the TTL the assign script set is kept

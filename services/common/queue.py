@@ -85,26 +85,6 @@ class QueueStore:
     def _req_prefix(self, engine: str) -> str:
         return self._k.request(engine, "")
 
-    async def assign(
-        self,
-        program_id: str,
-        engine: str,
-        model: str,
-        workflow: str,
-        stage: int,
-        request_id: str,
-        ttl_s: int,
-        confidences: Mapping[str, float],
-    ) -> tuple[str, str, str]:
-        """Record or check a program's assignment. Returns (status, engine, model); see ASSIGN."""
-        pipe = self._r.pipeline(transaction=False)
-        await self.queue_assign(
-            pipe, program_id, engine, model, workflow, stage, request_id, ttl_s, confidences
-        )
-        (res,) = await pipe.execute()
-        status, eng, mdl = (str(x) for x in res)
-        return status, eng, mdl
-
     async def queue_assign(
         self,
         pipe: Pipeline,
@@ -354,12 +334,6 @@ class QueueStore:
         if ids:
             await self._r.rpush(k.wake(engine), 1)
         return list(ids)
-
-    async def read_events(self, engine: str, request_id: str, after: str, block_ms: int) -> list[OutputEvent]:
-        """Events after stream id ``after`` ('0' for all), waiting up to ``block_ms`` for the first one."""
-        stream: dict[KeyT, StreamIdT] = {self._k.output(engine, request_id): after}
-        res: Any = await self._r.xread(stream, block=block_ms, count=READ_BATCH)
-        return [OutputEvent(sid, json.loads(f["ev"])) for _stream, entries in res or [] for sid, f in entries]
 
     async def read_many(
         self, after: Mapping[tuple[str, str], str]
