@@ -7,6 +7,7 @@ a ``grpc.StatusCode`` so that the domain modules import nothing from gRPC.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -40,6 +41,11 @@ class Overloaded(DispatchError):
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+    @property
+    def retry_after(self) -> str:
+        """``retry_after_s`` as both doors send it (HTTP Retry-After, the gRPC trailer): whole seconds."""
+        return str(math.ceil(self.retry_after_s))
 
 
 class ModelNotFound(DispatchError):

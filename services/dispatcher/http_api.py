@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import socket
 import time
 import uuid
@@ -291,12 +290,12 @@ def _sse(body: Mapping[str, Any]) -> str:
     return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
 
 
-def _error_response(status: int, body: dict[str, Any], retry_after_s: float | None = None) -> JSONResponse:
+def _error_response(status: int, body: dict[str, Any], retry_after: str | None = None) -> JSONResponse:
     # Client errors will fail the same way again; tell OpenAI clients not to retry them.
     retry = "true" if status in (429, 503, 504) else "false"
     headers = {"x-should-retry": retry}
-    if retry_after_s is not None:
-        headers["retry-after"] = str(math.ceil(retry_after_s))
+    if retry_after is not None:
+        headers["retry-after"] = retry_after
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -305,7 +304,7 @@ async def _dispatch_error(_: Request, exc: Exception) -> Response:
     if isinstance(exc, Overloaded):
         # Busy is not down: 429 with when to come back, in OpenAI's rate-limit shape (never 503).
         body = error_body(str(exc), "rate_limit_error", "rate_limit_exceeded")
-        return _error_response(429, body, exc.retry_after_s)
+        return _error_response(429, body, exc.retry_after)
     return _error_response(*domain_error(exc.code, str(exc)))
 
 

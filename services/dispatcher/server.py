@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import signal
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -59,7 +58,7 @@ def _code(e: Exception) -> grpc.StatusCode | None:
 
 def _trailers(e: Exception) -> list[tuple[str, str]]:
     # A refusal for load says when to come back, as HTTP's Retry-After does (whole seconds).
-    return [("retry-after", str(math.ceil(e.retry_after_s)))] if isinstance(e, Overloaded) else []
+    return [("retry-after", e.retry_after)] if isinstance(e, Overloaded) else []
 
 
 _status_codes = status_codes(_code, log, "dispatcher error; see its log", trailers_of=_trailers)
