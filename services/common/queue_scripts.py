@@ -27,12 +27,20 @@ local function release(inflight, info, id)
 end
 """
 
-# Tell the front doors that a request's output stream has a new event: a copy of it (request id, stream
-# entry id, event) in the engine's notify stream, which each dispatcher process reads with one blocking
-# XREAD for all its streams; the request's own stream stays the record a late reader catches up from.
-_NOTIFY = """
-local function notify(key, rid, sid, ev, maxlen)
-  redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', 'r', rid, 'i', sid, 'e', ev)
+# Every event of a request goes out through emit: appended to the request's output stream (which expires
+# ttl after its last event; trimmed to maxlen when given), and copied (request id, stream entry id, event)
+# into the engine's notify stream, which each dispatcher process reads with one blocking XREAD for all its
+# streams. The request's own stream stays the record a late reader catches up from.
+_EMIT = """
+local function emit(out, notify, rid, ev, ttl, notify_maxlen, maxlen)
+  local sid
+  if maxlen then
+    sid = redis.call('XADD', out, 'MAXLEN', '~', maxlen, '*', 'ev', ev)
+  else
+    sid = redis.call('XADD', out, '*', 'ev', ev)
+  end
+  redis.call('EXPIRE', out, ttl)
+  redis.call('XADD', notify, 'MAXLEN', '~', notify_maxlen, '*', 'r', rid, 'i', sid, 'e', ev)
 end
 """
 
@@ -41,11 +49,9 @@ end
 # Appends one delta event to a request's output stream (which expires ttl_s after its last event) and
 # notifies. Returns 1.
 PUBLISH = (
-    _NOTIFY
+    _EMIT
     + """
-local sid = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'ev', ARGV[2])
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-notify(KEYS[2], ARGV[1], sid, ARGV[2], ARGV[5])
+emit(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[4], ARGV[5], ARGV[3])
 return 1
 """
 )
@@ -128,7 +134,7 @@ return {lost, cancel}
 # Returns 1 if this attempt still held the request and finished it, 0 otherwise (nothing changed).
 COMPLETE = (
     _RELEASE
-    + _NOTIFY
+    + _EMIT
     + """
 local f = redis.call('HMGET', KEYS[1], 'attempt', 'state')
 if f[1] ~= ARGV[2] or f[2] ~= 'running' then return 0 end
@@ -136,12 +142,10 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 release(KEYS[3], KEYS[4], ARGV[1])
 redis.call('HSET', KEYS[1], 'state', ARGV[3], 't_done', ARGV[9])
 redis.call('EXPIRE', KEYS[1], ARGV[6])
-local sid = redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[7], '*', 'ev', ARGV[4])
-redis.call('EXPIRE', KEYS[5], ARGV[6])
+emit(KEYS[5], KEYS[7], ARGV[1], ARGV[4], ARGV[6], ARGV[10], ARGV[7])
 if ARGV[5] ~= '' then
   redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[8], '*', 'row', ARGV[5])
 end
-notify(KEYS[7], ARGV[1], sid, ARGV[4], ARGV[10])
 return 1
 """
 )
@@ -152,7 +156,7 @@ return 1
 # the engine request and completes it as cancelled. Returns the state the request was found in.
 CANCEL = (
     _RELEASE
-    + _NOTIFY
+    + _EMIT
     + """
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return 'missing' end
@@ -161,9 +165,7 @@ if st == 'queued' then
   release(KEYS[3], KEYS[4], ARGV[1])
   redis.call('HSET', KEYS[1], 'state', 'cancelled', 't_done', ARGV[4])
   redis.call('EXPIRE', KEYS[1], ARGV[3])
-  local sid = redis.call('XADD', KEYS[5], '*', 'ev', ARGV[2])
-  redis.call('EXPIRE', KEYS[5], ARGV[3])
-  notify(KEYS[6], ARGV[1], sid, ARGV[2], ARGV[5])
+  emit(KEYS[5], KEYS[6], ARGV[1], ARGV[2], ARGV[3], ARGV[5])
 elseif st == 'running' then
   redis.call('HSET', KEYS[1], 'cancel', 1)
 end
@@ -179,7 +181,7 @@ return st
 # on a poison input. Returns the ids re-queued.
 REAP = (
     _RELEASE
-    + _NOTIFY
+    + _EMIT
     + """
 local requeued = {}
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
@@ -193,10 +195,7 @@ for _, id in ipairs(expired) do
       local final = f[4] and 'cancelled' or 'failed'
       redis.call('HSET', rk, 'state', final, 't_done', ARGV[7])
       redis.call('EXPIRE', rk, ARGV[5])
-      local ok = ARGV[3] .. id
-      local sid = redis.call('XADD', ok, '*', 'ev', ARGV[6])
-      redis.call('EXPIRE', ok, ARGV[5])
-      notify(KEYS[5], id, sid, ARGV[6], ARGV[8])
+      emit(ARGV[3] .. id, KEYS[5], id, ARGV[6], ARGV[5], ARGV[8])
     else
       redis.call('HSET', rk, 'state', 'queued')
       redis.call('EXPIRE', rk, ARGV[9])
