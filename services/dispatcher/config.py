@@ -6,7 +6,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.common.config import CommonSettings
-from services.policy.admission import Bounds
+from services.policy.admission import DEFAULT_MAX_QUEUE_S, Bounds
 from services.policy.knobs import DEFAULT_KNOBS, DEFAULT_POLICY, Knobs
 from services.policy.registry import POLICIES
 
@@ -75,7 +75,7 @@ class DispatcherSettings(CommonSettings):
         description="predictions above this count as this much for priority (bounds the wait)",
     )
     max_queue_s: float = Field(
-        default=120.0,
+        default=DEFAULT_MAX_QUEUE_S,
         ge=0,
         le=86_400,
         description="predicted seconds of work an engine's queue may hold; a new workflow over it is "

@@ -26,9 +26,10 @@ class Gate:
     def admit(
         self, route: Route, engines: Sequence[EngineSnapshot], confidences: Mapping[str, float]
     ) -> tuple[Route, str, int]:
-        """The policy's choice, or a brownout to a close enough engine with room; with the engine the
-        policy chose when it was browned out ("" otherwise) and the in-flight tokens the target may hold
-        for the request to join it (0: no bound). ``Overloaded`` when no engine has room."""
+        """For a new workflow's first stage (later stages are never gated): the policy's choice, or a
+        brownout to a close enough engine with room; with the engine the policy chose when it was browned
+        out ("" otherwise) and the in-flight tokens the target may hold for the request to join it (0: no
+        bound). ``Overloaded`` when no engine has room."""
         b = self.bounds
         adm = admit(route, engines, confidences, b, self.drain.rates())
         if adm.refused:
@@ -38,7 +39,7 @@ class Gate:
                 adm.retry_after_s,
             )
         max_load = 0
-        if b.max_queue_s > 0 and route.branch != "reuse":
+        if b.max_queue_s > 0:
             target = next(e for e in engines if e.engine_id == adm.engine_id)
             max_load = max(1, int(b.max_queue_s * 1000.0 / max(1e-12, load_ms_per_token(target))))
         if adm.browned_out_from is None:

@@ -25,6 +25,8 @@ from services.policy.routing import Route
 # A refusal asks the caller to wait at least this long, and never longer than the cap.
 MIN_RETRY_S = 1.0
 MAX_RETRY_S = 600.0
+# The dispatcher's default queue bound, which ``chimera queue`` also reads to show how full queues are.
+DEFAULT_MAX_QUEUE_S = 120.0
 
 
 @dataclass(frozen=True, slots=True)
