@@ -98,7 +98,7 @@ class PrivateRedis:
 
 
 def start_private_redis(workdir: Path, timeout_s: float = 10.0) -> PrivateRedis:
-    """Start redis-server on ``workdir`` (recovering whatever its AOF there holds) and wait until it answers."""
+    """Start redis-server on ``workdir``, recovering whatever its AOF there holds; wait until it answers."""
     spec = PrivateRedisSpec(workdir)
     argv = spec.argv()
     spec.prepare()
