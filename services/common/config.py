@@ -32,6 +32,14 @@ class CommonSettings(BaseSettings):
         validation_alias=AliasChoices("CHIMERA_REDIS_MAX_CONNECTIONS", "redis_max_connections"),
         description="connections a process keeps to Redis at most; more callers wait for one",
     )
+    redis_outage_s: float = Field(
+        default=15.0,
+        ge=0.0,
+        le=600.0,
+        validation_alias=AliasChoices("CHIMERA_REDIS_OUTAGE_S", "redis_outage_s"),
+        description="how long a Redis command keeps retrying through a lost connection (a restart) before "
+        "it fails",
+    )
     log_level: str = Field(
         default="INFO",
         validation_alias=AliasChoices("CHIMERA_LOG_LEVEL", "log_level"),

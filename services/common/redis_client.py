@@ -1,20 +1,52 @@
-"""The asyncio Redis client every service uses.
+"""The asyncio Redis clients every service uses.
 
 Responses are decoded (every reader in Chimera expects ``str``), and the pool makes a burst of callers wait
 for a free connection instead of failing: with redis-py's default pool the 101st concurrent command raised
 "Too many connections", which the front door had to report as Redis being down.
+
+NOTE(outage): every command is retried with jittered exponential backoff for ``outage_s`` when the
+connection fails, so a Redis restart (the supervisor brings it back within a second or two, AOF reloads its
+data) is a pause, not an error, for every caller. A command retried after its first send did reach Redis
+runs twice; the scripts that could not bear that are idempotent (ENQUEUE checks the id, PUBLISH the
+delta's offset, COMPLETE the attempt), and a CLAIM whose answer was lost leaves a lease that expires and
+re-queues the request.
 """
 
 from __future__ import annotations
 
+import math
+
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import EqualJitterBackoff
 
 # How long a caller waits for a free connection before the pool gives up (then it is an outage).
 POOL_WAIT_S = 10.0
+# Ride out a Redis restart this long by default (the supervisor restarts it after 0.5 s; loading takes ms).
+DEFAULT_OUTAGE_S = 15.0
+_BACKOFF_BASE_S, _BACKOFF_CAP_S = 0.05, 1.0
 
 
-def connect(url: str, max_connections: int) -> Redis:
+def outage_retry(outage_s: float) -> Retry:
+    """A retry that keeps trying for at least ``outage_s``: the backoff doubles from 50 ms up to 1 s, each
+    wait jittered between half and all of it, so that every client does not reconnect at the same instant."""
+    doubling = math.ceil(math.log2(_BACKOFF_CAP_S / _BACKOFF_BASE_S))  # tries before the cap
+    ramp_s = _BACKOFF_BASE_S * (2**doubling - 1) / 2  # the shortest the ramp can take
+    retries = doubling + max(0, math.ceil((outage_s - ramp_s) / (_BACKOFF_CAP_S / 2)))
+    return Retry(EqualJitterBackoff(cap=_BACKOFF_CAP_S, base=_BACKOFF_BASE_S), retries)
+
+
+def connect(url: str, max_connections: int, outage_s: float = DEFAULT_OUTAGE_S) -> Redis:
     pool = BlockingConnectionPool.from_url(
-        url, decode_responses=True, max_connections=max_connections, timeout=POOL_WAIT_S
+        url,
+        decode_responses=True,
+        max_connections=max_connections,
+        timeout=POOL_WAIT_S,
+        retry=outage_retry(outage_s),
     )
     return Redis.from_pool(pool)
+
+
+def connect_reader(url: str, outage_s: float = DEFAULT_OUTAGE_S) -> Redis:
+    """One connection for a long blocking read (the stream hub), never one of the pool's."""
+    return Redis.from_url(url, decode_responses=True, max_connections=1, retry=outage_retry(outage_s))

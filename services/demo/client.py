@@ -17,6 +17,8 @@ import grpc
 
 from chimera.dispatcher.v1 import dispatcher_pb2 as pb
 from chimera.dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
+from services.sdk.errors import ChimeraError, from_rpc_error
+from services.sdk.retry import RetryPolicy
 from services.workload.corpus import Problem
 from services.workload.workflows import WORKFLOWS, Workflow, stage_messages
 
@@ -50,7 +52,12 @@ class WorkflowRun:
 
 
 async def run_stage(
-    stub: pb_grpc.DispatcherStub, run: WorkflowRun, stage: int, history: Sequence[str], max_tokens: int
+    stub: pb_grpc.DispatcherStub,
+    run: WorkflowRun,
+    stage: int,
+    history: Sequence[str],
+    max_tokens: int,
+    retry: RetryPolicy = RetryPolicy(),
 ) -> StageOutcome:
     messages = stage_messages(run.workflow, stage, run.problem.text, history)
     req = pb.GenerateRequest(
@@ -61,16 +68,16 @@ async def run_stage(
         sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0),
     )
     t0 = time.monotonic()
-    deltas: list[str] = []
-    attempt = 0
     final: pb.Completion | None = None
-    async for resp in stub.Generate(req):
-        if resp.HasField("delta"):
-            if resp.delta.attempt > attempt:
-                attempt, deltas = resp.delta.attempt, []
-            deltas.append(resp.delta.text)
-        else:
-            final = resp.final
+    # A first stage the pool is too full for is refused before it produces anything: come back when told.
+    async for attempt in retry.retrying():
+        with attempt:
+            try:
+                async for resp in stub.Generate(req):
+                    if resp.HasField("final"):
+                        final = resp.final
+            except grpc.aio.AioRpcError as e:
+                raise from_rpc_error(e) from None
     if final is None:
         raise RuntimeError("stream ended without a final message")
     return StageOutcome(
@@ -95,8 +102,8 @@ async def run_workflow(stub: pb_grpc.DispatcherStub, run: WorkflowRun, max_token
             out = await run_stage(stub, run, stage, history, max_tokens)
             run.stages.append(out)
             history.append(out.text)
-    except grpc.aio.AioRpcError as exc:
-        run.error = f"{exc.code().name}: {exc.details()}"
+    except ChimeraError as exc:
+        run.error = str(exc)
     except RuntimeError as exc:
         run.error = str(exc)
     finally:

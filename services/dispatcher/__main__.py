@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import grpc
-from redis.asyncio import Redis
 
 from services.common.keys import Keys
 from services.common.logs import setup_logging
 from services.common.queue import QueueStore, Retention
-from services.common.redis_client import connect
+from services.common.redis_client import connect, connect_reader
 from services.dispatcher.coalesce import sources
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.dispatch import Dispatcher
@@ -21,9 +20,9 @@ from services.dispatcher.server import DispatcherServer, run
 
 
 async def _main(s: DispatcherSettings, metrics: DispatcherMetrics) -> None:
-    redis = connect(s.redis_url, s.redis_max_connections)
+    redis = connect(s.redis_url, s.redis_max_connections, s.redis_outage_s)
     # The stream hub's one blocking read gets a connection of its own, never one of the pool's.
-    reader = Redis.from_url(s.redis_url, decode_responses=True, max_connections=1)
+    reader = connect_reader(s.redis_url, s.redis_outage_s)
     async with (
         grpc.aio.insecure_channel(s.router_addr) as rc,
         grpc.aio.insecure_channel(s.predictor_addr) as pc,

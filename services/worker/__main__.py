@@ -22,7 +22,7 @@ from services.worker.worker import Worker
 
 
 async def main(s: WorkerSettings, metrics: WorkerMetrics) -> int:
-    redis = connect(s.redis_url, s.redis_max_connections)
+    redis = connect(s.redis_url, s.redis_max_connections, s.redis_outage_s)
     worker = Worker(QueueStore(redis, Keys(s.key_prefix)), redis, build_engine(s), s.options(), metrics)
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, worker.request_stop)

@@ -1,0 +1,49 @@
+"""The SDK's retry policy: busy refusals are retried after the time the server gave, nothing else is."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.common.redis_client import outage_retry
+from services.sdk.errors import InvalidRequestError, OverloadedError
+from services.sdk.retry import RetryPolicy
+
+
+async def _run(policy: RetryPolicy, failures: list[Exception]) -> int:
+    calls = 0
+    async for attempt in policy.retrying():
+        with attempt:
+            calls += 1
+            if failures:
+                raise failures.pop(0)
+    return calls
+
+
+def test_overloaded_is_retried_until_admitted() -> None:
+    busy = [OverloadedError("RESOURCE_EXHAUSTED", "full", 0.01) for _ in range(2)]
+    assert asyncio.run(_run(RetryPolicy(budget_s=5), busy)) == 3
+
+
+def test_a_malformed_request_is_not_retried() -> None:
+    with pytest.raises(InvalidRequestError):
+        asyncio.run(_run(RetryPolicy(), [InvalidRequestError("INVALID_ARGUMENT", "bad")]))
+
+
+def test_the_budget_ends_a_pool_that_stays_full() -> None:
+    busy = [OverloadedError("RESOURCE_EXHAUSTED", "full", 0.05) for _ in range(100)]
+    with pytest.raises(OverloadedError):
+        asyncio.run(_run(RetryPolicy(budget_s=0.2), busy))
+
+
+def test_a_far_off_retry_after_is_capped() -> None:
+    policy = RetryPolicy(max_wait_s=0.01, budget_s=5)
+    assert asyncio.run(_run(policy, [OverloadedError("RESOURCE_EXHAUSTED", "full", 3600.0)])) == 2
+
+
+def test_outage_retry_covers_its_budget_at_the_shortest_jitter() -> None:
+    r = outage_retry(15.0)
+    # Shortest possible total: every wait at half its nominal value (redis-py counts failures from 1).
+    shortest = sum(min(1.0, 0.05 * 2**i) / 2 for i in range(1, r._retries + 1))
+    assert 15.0 <= shortest < 20.0
