@@ -1,5 +1,6 @@
 """The launcher's supervisor cleans up after a child killed outright: what the child started (a worker's
-vLLM engine processes) does not outlive it."""
+vLLM engine processes) does not outlive it. It restarts every child that dies, each on its own backoff, and
+one that keeps dying stops no other from being restarted."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from services.launcher.supervisor import Child
+from services.launcher.supervisor import BACKOFF_BASE_S, BACKOFF_CAP_S, Child, Supervisor, backoff
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,3 +42,60 @@ def test_a_killed_childs_processes_are_swept(tmp_path: Path) -> None:
     child.sweep()
     grandchild.wait(10)  # raises TimeoutExpired if it survived
     child.close_log()
+
+
+SLEEPER = "import time; time.sleep(120)"
+
+
+def _wait_for(cond: Callable[[], bool], sup: Supervisor, timeout_s: float = 20.0) -> None:
+    """Drive the supervisor as the launcher's watcher does until ``cond`` holds."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "the supervisor did not get there in time"
+        sup.check()
+        time.sleep(0.05)
+
+
+def test_every_child_is_restarted_and_a_dead_one_stops_no_other(tmp_path: Path) -> None:
+    sup = Supervisor()
+    # A service that is not a worker (the router, say), and one that dies as soon as it starts, every time.
+    router = sup.add(Child("router", [sys.executable, "-c", SLEEPER], {}, tmp_path / "r.log", lambda: True))
+    broken = sup.add(
+        Child("broken", [sys.executable, "-c", "raise SystemExit(3)"], {}, tmp_path / "b.log", lambda: True)
+    )
+    try:
+        router.start()
+        broken.start()
+        assert broken.wait(10)
+        _wait_for(lambda: broken.restarts >= 2, sup)  # restarted, died again: check() never raised
+        assert router.proc is not None
+        first_pid = router.proc.pid
+        os.kill(first_pid, signal.SIGKILL)
+        _wait_for(lambda: router.alive() and router.restarts == 1, sup)
+        assert router.proc.pid != first_pid
+        assert broken.streak >= 2 and backoff(broken.streak) > backoff(0), "a crash loop backs off"
+    finally:
+        sup.stop_all(grace_s=5)
+
+
+def test_a_child_that_stayed_up_restarts_without_its_old_backoff(tmp_path: Path) -> None:
+    sup = Supervisor(stable_s=0.5)
+    child = sup.add(Child("c", [sys.executable, "-c", SLEEPER], {}, tmp_path / "c.log", lambda: True))
+    try:
+        child.start()
+        child.streak = 6  # as if it had crashed six times in a row: a 30 s backoff
+        time.sleep(0.6)  # ... but then it stayed up past stable_s
+        assert child.proc is not None
+        os.kill(child.proc.pid, signal.SIGKILL)
+        assert child.wait(10)
+        sup.check()
+        assert child.next_restart - time.monotonic() <= backoff(0)
+        _wait_for(lambda: child.alive(), sup, timeout_s=5)
+        assert child.restarts == 1
+    finally:
+        sup.stop_all(grace_s=5)
+
+
+@pytest.mark.parametrize("streak", [0, 3, 10, 10_000])
+def test_backoff_doubles_up_to_its_cap(streak: int) -> None:
+    assert backoff(streak) == min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** min(streak, 16))

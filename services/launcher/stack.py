@@ -2,6 +2,8 @@
 
 Start order mirrors compose.yaml's health dependencies: Redis, then router and predictor (whose models are
 bootstrapped first if none exist), then the workers (they register their engines), then the dispatcher.
+A private Redis is a supervised child like the others (named ``redis``): after a crash it is restarted on
+the same socket and data folder, and its append-only file brings its data back.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import redis
 
 from services.common.health import heartbeat_unhealthy
 from services.common.keys import Keys
-from services.common.redis_proc import PrivateRedis, start_private_redis
+from services.common.redis_proc import PrivateRedisSpec
 from services.launcher.bootstrap import ensure_artifacts
 from services.launcher.config import LauncherSettings
 from services.launcher.pool import EngineSpec, PoolSpec, load_pool
@@ -43,7 +45,8 @@ class Stack:
     predictor_addr: str
     pool: PoolSpec
     state_dir: Path
-    # The live child processes, so that tests and tools can signal one (e.g. kill a worker).
+    # The live child processes, so that tests and tools can signal one (e.g. kill a worker, or the private
+    # Redis: the child named "redis", absent when the stack uses a Redis it was given).
     supervisor: Supervisor
     # Prometheus endpoints (host:port, path /metrics): router, predictor, dispatcher, worker-<engine id>.
     metrics: dict[str, str] = field(default_factory=dict)
@@ -93,6 +96,16 @@ class _Ports:
         port = configured or free_port(self._host, avoid=self._given)
         self._given.add(port)
         return port
+
+
+def _start_private_redis(sup: Supervisor, state: Path, timeout_s: float) -> str:
+    """Start the private redis-server as the supervisor's first child; its URL."""
+    spec = PrivateRedisSpec(state / "redis")
+    spec.prepare()
+    child = sup.add(Child("redis", spec.argv(), {}, state / "logs" / "redis.log", spec.responds))
+    sup.start_and_wait([child], timeout_s)
+    log.info("private redis-server on %s (append-only file in %s)", spec.url, spec.workdir)
+    return spec.url
 
 
 def worker_probe(redis_url: str, keys: Keys, engine: str, started: float) -> HealthProbe:
@@ -164,15 +177,12 @@ def running_stack(
     state = settings.state_dir.resolve()
     logs = state / "logs"
     host = settings.host
-    private: PrivateRedis | None = None
     sup = Supervisor(python=sys.executable)
     stop_watch = threading.Event()
     watcher: threading.Thread | None = None
     try:
         if settings.redis_url is None:
-            private = start_private_redis(state / "redis")
-            redis_url = private.url
-            log.info("private redis-server on %s", redis_url)
+            redis_url = _start_private_redis(sup, state, settings.start_timeout_s)
         else:
             redis_url = settings.redis_url
         keys = Keys(settings.key_prefix)
@@ -197,10 +207,8 @@ def running_stack(
         common = {"CHIMERA_REDIS_URL": redis_url, "CHIMERA_KEY_PREFIX": settings.key_prefix}
         py = sys.executable
 
-        def child(name: str, module: str, env: dict[str, str], probe: HealthProbe, restart: bool) -> Child:
-            return sup.add(
-                Child(name, [py, "-m", module], {**common, **env}, logs / f"{name}.log", probe, restart)
-            )
+        def child(name: str, module: str, env: dict[str, str], probe: HealthProbe) -> Child:
+            return sup.add(Child(name, [py, "-m", module], {**common, **env}, logs / f"{name}.log", probe))
 
         models = [
             child(
@@ -213,7 +221,6 @@ def running_stack(
                     "CHIMERA_ROUTER_ARTIFACT_DIR": str(artifacts.router),
                 },
                 grpc_probe(addr["router"]),
-                False,
             ),
             child(
                 "predictor",
@@ -225,7 +232,6 @@ def running_stack(
                     "CHIMERA_PREDICTOR_ARTIFACT_DIR": str(artifacts.predictor),
                 },
                 grpc_probe(addr["predictor"]),
-                False,
             ),
         ]
         sup.start_and_wait(models, settings.start_timeout_s)
@@ -240,7 +246,6 @@ def running_stack(
                     "CHIMERA_WORKER_METRICS_PORT": metrics_port(f"worker-{e.id}"),
                 },
                 worker_probe(redis_url, keys, e.id, started),
-                True,
             )
             for e in pool.engines
         ]
@@ -258,7 +263,6 @@ def running_stack(
                 **extra,
             },
             grpc_probe(addr["dispatcher"]),
-            False,
         )
         sup.start_and_wait([front], settings.start_timeout_s)
 
@@ -266,8 +270,8 @@ def running_stack(
             while not stop_watch.wait(0.5):
                 try:
                     sup.check()
-                except RuntimeError as exc:
-                    log.error("%s", exc)
+                except Exception:  # noqa: BLE001 - a bug here must not end supervision of every child
+                    log.exception("supervisor check failed")
 
         log.info("metrics: %s", ", ".join(f"{k} http://{v}/metrics" for k, v in metrics.items()))
         watcher = threading.Thread(target=watch, name="supervisor", daemon=True)
@@ -288,6 +292,4 @@ def running_stack(
         stop_watch.set()
         if watcher is not None:
             watcher.join(timeout=5)
-        sup.stop_all()
-        if private is not None:
-            private.stop()
+        sup.stop_all()  # reverse start order: Redis, started first, stops last

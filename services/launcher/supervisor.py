@@ -1,8 +1,10 @@
-"""Child-process supervision for ``chimera up``: start, wait for health, restart crashed workers, stop.
+"""Child-process supervision for ``chimera up``: start, wait for health, restart whatever crashed, stop.
 
-NOTE(supervisor): this mirrors compose.yaml's ``depends_on: service_healthy`` and ``restart`` policies for a
-machine without Docker. Services are stopped in reverse start order with SIGTERM, so that the dispatcher
-stops taking work before the workers and Redis go away.
+NOTE(supervisor): this mirrors compose.yaml's ``depends_on: service_healthy`` and ``restart: unless-stopped``
+policies for a machine without Docker. Every child, Redis included, is restarted after it exits, each on its
+own backoff, so no dead child (however often it dies) keeps the others from being restarted. Services are
+stopped in reverse start order with SIGTERM, so that the dispatcher stops taking work before the workers and
+Redis go away.
 """
 
 from __future__ import annotations
@@ -24,6 +26,16 @@ log = logging.getLogger(__name__)
 
 HealthProbe = Callable[[], bool]
 
+BACKOFF_BASE_S = 0.5
+BACKOFF_CAP_S = 30.0
+# A child that stayed up this long had recovered: its next crash is restarted at the base delay again.
+STABLE_S = 60.0
+
+
+def backoff(streak: int) -> float:
+    """Delay before a child's restart, given how many times in a row it died soon after a restart."""
+    return min(BACKOFF_CAP_S, BACKOFF_BASE_S * float(2 ** min(streak, 16)))  # no overflow for a long streak
+
 
 @dataclass
 class Child:
@@ -32,10 +44,11 @@ class Child:
     env: Mapping[str, str]
     log_path: Path
     probe: HealthProbe
-    restart: bool = False  # restart on crash (workers: a dead engine comes back, its claims re-queued)
     proc: subprocess.Popen[bytes] | None = None
-    restarts: int = 0
-    next_restart: float = 0.0
+    restarts: int = 0  # every restart since the launch
+    streak: int = 0  # restarts since the child last stayed up STABLE_S: the backoff's exponent
+    started_at: float = 0.0
+    next_restart: float = 0.0  # when a dead child is due to restart; 0 while none is scheduled
     _log_file: object = field(default=None, repr=False)
 
     def start(self) -> None:
@@ -49,6 +62,7 @@ class Child:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        self.started_at = time.monotonic()
         log.info("started %s (pid %d), log %s", self.name, self.proc.pid, self.log_path)
 
     def alive(self) -> bool:
@@ -89,8 +103,9 @@ def grpc_probe(addr: str) -> HealthProbe:
 
 
 class Supervisor:
-    def __init__(self, python: str = sys.executable) -> None:
+    def __init__(self, python: str = sys.executable, stable_s: float = STABLE_S) -> None:
         self.python = python
+        self.stable_s = stable_s
         self.children: list[Child] = []
 
     def add(self, child: Child) -> Child:
@@ -119,22 +134,40 @@ class Supervisor:
                 time.sleep(0.2)
 
     def check(self) -> None:
-        """Restart crashed restartable children with exponential backoff; fail on any other crash."""
+        """Restart every child that has exited, each once its backoff has passed. Never raises for one
+        child: a restart that fails (say, out of file descriptors) is logged and tried again later."""
         now = time.monotonic()
         for c in self.children:
-            if c.alive() or c.proc is None:
+            if c.proc is None or c.alive():
                 continue
-            if not c.restart:
-                raise RuntimeError(f"{c.name} exited with code {c.proc.returncode}:\n{tail(c.log_path)}")
-            if c.next_restart == 0.0:
-                c.next_restart = now + min(30.0, 0.5 * 2**c.restarts)
-                log.warning("%s exited (code %s); restarting", c.name, c.proc.returncode)
-            elif now >= c.next_restart:
-                c.sweep()
-                c.close_log()
-                c.restarts += 1
+            try:
+                self._revive(c, now)
+            except OSError:
+                log.exception("could not restart %s; trying again", c.name)
                 c.next_restart = 0.0
-                c.start()
+
+    def _revive(self, c: Child, now: float) -> None:
+        assert c.proc is not None
+        if c.next_restart == 0.0:
+            if now - c.started_at >= self.stable_s:
+                c.streak = 0
+            delay = backoff(c.streak)
+            c.next_restart = now + delay
+            log.warning(
+                "%s exited (code %s); restarting in %.1fs. Its log ends:\n%s",
+                c.name,
+                c.proc.returncode,
+                delay,
+                tail(c.log_path, 10),
+            )
+        elif now >= c.next_restart:
+            c.sweep()
+            c.close_log()
+            c.next_restart = 0.0
+            c.start()
+            c.restarts += 1
+            c.streak += 1
+            log.warning("restarted %s (restart %d since launch)", c.name, c.restarts)
 
     def stop_all(self, grace_s: float = 15.0) -> None:
         for c in reversed(self.children):
