@@ -40,11 +40,12 @@ PINNED = {
 FIELDS = {
     EngineField: {
         "model", "kind", "decode_ms_per_token", "max_batch_size", "max_num_seqs", "profile", "profile_source",
-        "time_scale", "worker_id", "heartbeat_ms", "running", "held", "load", "drained",
+        "time_scale", "worker_id", "heartbeat_ms", "running", "held", "load", "drained", "health",
+        "health_reason", "max_attempts", "isolating",
     },
     RequestField: {
         "payload", "program_id", "y", "y90", "score", "t_enq", "state", "attempt", "decision", "worker",
-        "t_claim", "t_first_claim", "t_done", "cancel",
+        "t_claim", "t_first_claim", "t_done", "cancel", "deaths", "died_on",
     },
     ProgramField: {
         "engine", "model", "workflow", "stage", "request_id", "confidences", "created", "updated", "attained",

@@ -104,8 +104,8 @@ async def test_cancel_queued_and_running(redis_client: Redis, keys: Keys) -> Non
 async def test_poison_request_fails_after_max_attempts(redis_client: Redis, keys: Keys) -> None:
     q = QueueStore(redis_client, keys, Retention(max_attempts=2))
     await q.enqueue("e0", _req("a"), Prediction(10, 20), 10.0, time.time(), {})
-    for _ in range(2):
-        await q.claim("e0", "w", 1, lease_s=0.01)
+    for i in range(2):  # two distinct workers die running it (one worker cannot charge it twice)
+        await q.claim("e0", f"w{i}", 1, lease_s=0.01)
         await asyncio.sleep(0.03)
         await q.reap("e0")
     fields = await q.request_fields("e0", "a")

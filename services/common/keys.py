@@ -218,6 +218,14 @@ class EngineField:
     HEARTBEAT_MS: Final = "heartbeat_ms"
     RUNNING: Final = "running"
     HELD: Final = "held"
+    # The worker's verdict on its engine, refreshed with every heartbeat: "ok", or "dead" with the reason
+    # (a dead engine's worker also zeroes heartbeat_ms, so readers that only look at liveness skip it).
+    HEALTH: Final = "health"
+    HEALTH_REASON: Final = "health_reason"
+    # Distinct worker deaths a request may be running in before it is failed as poison (the worker's
+    # setting, read by every reaper of the engine); and the last-chance request running alone, if any.
+    MAX_ATTEMPTS: Final = "max_attempts"
+    ISOLATING: Final = "isolating"
     LOAD: Final = "load"  # sum of the engine's in-flight predicted tokens, kept by the queue scripts
     DRAINED: Final = "drained"  # predicted tokens released so far (a counter): how fast the queue drains
 
@@ -239,6 +247,8 @@ class RequestField:
     T_FIRST_CLAIM: Final = "t_first_claim"
     T_DONE: Final = "t_done"
     CANCEL: Final = "cancel"
+    DEATHS: Final = "deaths"  # distinct worker deaths it was charged with (see queue_scripts GIVE_BACK)
+    DIED_ON: Final = "died_on"  # JSON list of those workers' ids
 
 
 class ProgramField:

@@ -19,7 +19,7 @@ from redis.asyncio.client import Pipeline
 from redis.typing import EncodableT, KeyT, StreamIdT
 
 from services.common import queue_scripts as lua
-from services.common.keys import Keys
+from services.common.keys import Keys, RequestField
 from services.common.types import ClaimedRequest, Prediction, StageRequest, StageResult, TraceRow
 
 READ_BATCH = 512  # output events one read returns at most
@@ -38,13 +38,27 @@ class Retention:
     stream_maxlen: int = 10_000  # output events kept per request (deltas are coalesced by the worker)
     notify_maxlen: int = 20_000  # event copies kept per engine (a reader further behind polls instead)
     traces_maxlen: int = 200_000  # trace rows kept per engine
-    max_attempts: int = 3  # claims before a request that keeps killing workers is failed
+    # Distinct worker deaths a request may be running in before it is failed as poison (queue_scripts'
+    # GIVE_BACK). Only the default: an engine's worker registers its own setting in the engine's info hash,
+    # which every reaper of that engine (the dispatcher's too) reads first.
+    max_attempts: int = 3
 
 
 @dataclass(frozen=True, slots=True)
 class RenewResult:
     lost: frozenset[str]  # leases the worker no longer holds: stop working on these
     cancelled: frozenset[str]  # cancellation requested: abort these and complete them as cancelled
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRequest:
+    """What a retry of a request needs to re-attach to it: whose it is and how it was scheduled."""
+
+    program_id: str
+    prediction: Prediction
+    score: float
+    enqueued_unix: float
+    state: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +69,24 @@ class OutputEvent:
 
 def _ev(**kw: Any) -> str:
     return json.dumps(kw, separators=(",", ":"))
+
+
+def _poison_message(engine: str) -> str:
+    # The script appends how many workers died running it and their ids.
+    return f"poison request: engine {engine} failed under it on every attempt"
+
+
+def _cancelled_event(reason: str) -> str:
+    # What CANCEL answers a queued request with: a cancelled request whose worker died ends the same way.
+    return _ev(
+        t="final",
+        a=0,
+        text="",
+        finish_reason="cancelled",
+        prompt_tokens=0,
+        completion_tokens=0,
+        reason=reason,
+    )
 
 
 class QueueStore:
@@ -69,6 +101,7 @@ class QueueStore:
         self._complete = redis.register_script(lua.COMPLETE)
         self._cancel = redis.register_script(lua.CANCEL)
         self._reap = redis.register_script(lua.REAP)
+        self._return_claims = redis.register_script(lua.RETURN_CLAIMS)
         self._assign = redis.register_script(lua.ASSIGN)
         self._credit = redis.register_script(lua.CREDIT)
         self._publish = redis.register_script(lua.PUBLISH)
@@ -166,7 +199,14 @@ class QueueStore:
         k = self._k
         rows = await self._claim(
             keys=[k.queue(engine), k.claims(engine), k.inflight(engine), k.engine_info(engine)],
-            args=[n, int((now + lease_s) * 1000), worker_id, repr(now), self._req_prefix(engine)],
+            args=[
+                n,
+                int((now + lease_s) * 1000),
+                worker_id,
+                repr(now),
+                self._req_prefix(engine),
+                self.retention.max_attempts,
+            ],
         )
         out = []
         for rid, payload, y, y90, t_enq, attempt, t_first in rows:
@@ -277,6 +317,23 @@ class QueueStore:
         )
         return bool(ok)
 
+    async def queued_request(self, engine: str, request_id: str) -> QueuedRequest | None:
+        """The request as it was enqueued (None if it does not exist); never its payload."""
+        f = RequestField
+        row = await self._r.hmget(
+            self._k.request(engine, request_id), [f.PROGRAM_ID, f.Y, f.Y90, f.SCORE, f.T_ENQ, f.STATE]
+        )
+        if row[5] is None:
+            return None
+        program_id, y, y90, score, t_enq, state = row
+        return QueuedRequest(
+            str(program_id or ""),
+            Prediction(int(y or 0), int(y90 or 0)),
+            float(score or 0.0),
+            float(t_enq or 0.0),
+            str(state),
+        )
+
     async def cancel(self, engine: str, request_id: str, reason: str = "cancelled") -> str:
         """Cancel a request wherever it is. Returns the state it was found in ('missing' if unknown)."""
         k = self._k
@@ -325,11 +382,46 @@ class QueueStore:
                 k.output(engine, ""),
                 r.max_attempts,
                 r.finished_ttl_s,
-                _ev(t="error", code="UNAVAILABLE", message=f"engine {engine} failed on every attempt"),
+                _poison_message(engine),
                 repr(now),
                 r.notify_maxlen,
                 r.queue_ttl_s,
+                _cancelled_event("cancelled; its worker died"),
             ],
+        )
+        if ids:
+            await self._r.rpush(k.wake(engine), 1)
+        return list(ids)
+
+    async def return_claims(self, engine: str, held: Sequence[tuple[str, int, bool]]) -> list[str]:
+        """Hand back the claims of a live worker whose engine died, (request id, attempt, started) each, at
+        once rather than after their leases: only those that had started are charged with the death.
+        Returns the ids re-queued (the rest were failed as poison, cancelled, or no longer held)."""
+        if not held:
+            return []
+        k, r = self._k, self.retention
+        args: list[EncodableT] = [
+            self._req_prefix(engine),
+            k.output(engine, ""),
+            r.max_attempts,
+            r.finished_ttl_s,
+            _poison_message(engine),
+            repr(time.time()),
+            r.notify_maxlen,
+            r.queue_ttl_s,
+            _cancelled_event("cancelled; its engine died"),
+        ]
+        for rid, attempt, started in held:
+            args += [rid, attempt, 1 if started else 0]
+        ids = await self._return_claims(
+            keys=[
+                k.claims(engine),
+                k.queue(engine),
+                k.inflight(engine),
+                k.engine_info(engine),
+                k.notify(engine),
+            ],
+            args=args,
         )
         if ids:
             await self._r.rpush(k.wake(engine), 1)

@@ -78,19 +78,34 @@ return 1
 """
 
 # KEYS: queue, claims, inflight, info
-# ARGV: n, lease_deadline_ms, worker_id, now_s, req_prefix
-# Pops up to n requests in score order and claims each.
+# ARGV: n, lease_deadline_ms, worker_id, now_s, req_prefix, max_attempts (when info has none)
+# Pops up to n requests in score order and claims each. A request on its last chance (charged with
+# max_attempts - 1 worker deaths, see GIVE_BACK) runs alone: it is claimed only while the engine holds no
+# other claim, nothing is claimed past it meanwhile (it keeps its place), and while it runs the engine
+# claims nothing else (``isolating`` in info names it until it no longer runs).
 # Returns {id, payload, y, y90, t_enq, attempt, t_first_claim}*.
 CLAIM = (
     _RELEASE
     + """
+local limit = tonumber(redis.call('HGET', KEYS[4], 'max_attempts') or ARGV[6] or '3')
+local alone = redis.call('HGET', KEYS[4], 'isolating')
+if alone then
+  if redis.call('HGET', ARGV[5] .. alone, 'state') == 'running' then return {} end
+  redis.call('HDEL', KEYS[4], 'isolating')
+end
 local out = {}
 for _ = 1, tonumber(ARGV[1]) do
   local popped = redis.call('ZPOPMIN', KEYS[1])
   if #popped == 0 then break end
   local id = popped[1]
   local rk = ARGV[5] .. id
-  if redis.call('HGET', rk, 'state') == 'queued' then
+  local g = redis.call('HMGET', rk, 'state', 'deaths')
+  if g[1] == 'queued' then
+    local last = limit > 1 and tonumber(g[2] or '0') >= limit - 1
+    if last and (#out > 0 or redis.call('ZCARD', KEYS[2]) > 0) then
+      redis.call('ZADD', KEYS[1], popped[2], id)
+      break
+    end
     local attempt = redis.call('HINCRBY', rk, 'attempt', 1)
     redis.call('HSET', rk, 'state', 'running', 'worker', ARGV[3], 't_claim', ARGV[4])
     -- Its queue wait is over: nothing expires while it runs (its lease guards against a dead worker).
@@ -99,6 +114,10 @@ for _ = 1, tonumber(ARGV[1]) do
     redis.call('ZADD', KEYS[2], ARGV[2], id)
     local f = redis.call('HMGET', rk, 'payload', 'y', 'y90', 't_enq', 't_first_claim')
     out[#out + 1] = {id, f[1], f[2], f[3], f[4], tostring(attempt), f[5]}
+    if last then
+      redis.call('HSET', KEYS[4], 'isolating', id)
+      break
+    end
   else
     -- Its hash expired while it waited (retention passed): nobody is listening; free its load.
     release(KEYS[3], KEYS[4], id)
@@ -173,37 +192,105 @@ return st
 """
 )
 
+# A claim its worker lost by dying (the lease expired, or the engine died under a live worker) goes back to
+# the queue with its original score (it keeps its place) and a fresh queue wait limit, or ends: cancelled if
+# its client asked, failed as poison once charged with ``limit`` worker deaths. ``c`` holds the keys and
+# arguments (see REAP). Returns true when re-queued.
+#
+# NOTE(poison): a request is charged one death per DISTINCT worker that died holding it (``died_on`` lists
+# their ids: the same worker cannot charge it twice), never per claim, so a shutdown or a lease that merely
+# lapsed does not push it toward the limit more than a crash does. A crash cannot say which request of a
+# batch killed it, so every running claim is charged (a live worker whose engine died knows, and charges
+# only what had started in the engine: RETURN_CLAIMS). Neighbours are spared by the last chance: a request
+# charged ``limit - 1`` times runs alone (CLAIM), so the death that fails it is its own; a neighbour that
+# crashed beside a poison request goes back to the queue and, at worst, runs alone once and succeeds.
+_GIVE_BACK = """
+local function give_back(id, charge, c)
+  local rk = c.req_prefix .. id
+  local f = redis.call('HMGET', rk, 'score', 'cancel', 'worker', 'deaths', 'died_on')
+  local deaths = tonumber(f[4] or '0')
+  local died_on = f[5] and cjson.decode(f[5]) or {}
+  if charge then
+    local seen = false
+    for _, w in ipairs(died_on) do
+      if w == (f[3] or '') then seen = true end
+    end
+    if not seen then
+      died_on[#died_on + 1] = f[3] or ''
+      deaths = deaths + 1
+      redis.call('HSET', rk, 'deaths', deaths, 'died_on', cjson.encode(died_on))
+    end
+  end
+  if f[2] or deaths >= c.limit then
+    release(c.inflight, c.info, id)
+    local ev = c.cancelled
+    if not f[2] then
+      ev = cjson.encode({t = 'error', code = 'INTERNAL', message = c.poison .. ': ' .. deaths ..
+        ' workers died running it (' .. table.concat(died_on, ', ') .. '); it is not run again'})
+    end
+    redis.call('HSET', rk, 'state', f[2] and 'cancelled' or 'failed', 't_done', c.now)
+    redis.call('EXPIRE', rk, c.retention)
+    emit(c.out_prefix .. id, c.notify, id, ev, c.retention, c.notify_maxlen)
+    return false
+  end
+  redis.call('HSET', rk, 'state', 'queued')
+  redis.call('EXPIRE', rk, c.queue_ttl)
+  redis.call('ZADD', c.queue, f[1], id)
+  return true
+end
+"""
+
 # KEYS: claims, queue, inflight, info, notify
-# ARGV: now_ms, req_prefix, out_prefix, max_attempts, retention_s, failed_event_json, now_s, notify_maxlen,
-#       queue_ttl_s
-# Moves every claim whose lease expired back to the queue with its original score (so it keeps its place
-# in the schedule) and a fresh queue wait limit; after max_attempts it fails the request instead of looping
-# on a poison input. Returns the ids re-queued.
+# ARGV: now_ms, req_prefix, out_prefix, max_attempts (when info has none), retention_s, poison_message,
+#       now_s, notify_maxlen, queue_ttl_s, cancelled_event_json
+# Gives back (GIVE_BACK) every claim whose lease expired, each charged with its worker's death. Returns the
+# ids re-queued.
 REAP = (
     _RELEASE
     + _EMIT
+    + _GIVE_BACK
     + """
+local c = {req_prefix = ARGV[2], out_prefix = ARGV[3], queue = KEYS[2], inflight = KEYS[3], info = KEYS[4],
+           notify = KEYS[5], limit = tonumber(redis.call('HGET', KEYS[4], 'max_attempts') or ARGV[4]),
+           retention = ARGV[5], poison = ARGV[6], now = ARGV[7], notify_maxlen = ARGV[8],
+           queue_ttl = ARGV[9], cancelled = ARGV[10]}
 local requeued = {}
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 for _, id in ipairs(expired) do
   redis.call('ZREM', KEYS[1], id)
-  local rk = ARGV[2] .. id
-  local f = redis.call('HMGET', rk, 'state', 'attempt', 'score', 'cancel')
-  if f[1] == 'running' then
-    if f[4] or tonumber(f[2]) >= tonumber(ARGV[4]) then
-      release(KEYS[3], KEYS[4], id)
-      local final = f[4] and 'cancelled' or 'failed'
-      redis.call('HSET', rk, 'state', final, 't_done', ARGV[7])
-      redis.call('EXPIRE', rk, ARGV[5])
-      emit(ARGV[3] .. id, KEYS[5], id, ARGV[6], ARGV[5], ARGV[8])
-    else
-      redis.call('HSET', rk, 'state', 'queued')
-      redis.call('EXPIRE', rk, ARGV[9])
-      redis.call('ZADD', KEYS[2], f[3], id)
-      requeued[#requeued + 1] = id
-    end
-  elseif not f[1] then
+  local st = redis.call('HGET', ARGV[2] .. id, 'state')
+  if st == 'running' then
+    if give_back(id, true, c) then requeued[#requeued + 1] = id end
+  elseif not st then
     release(KEYS[3], KEYS[4], id)
+  end
+end
+return requeued
+"""
+)
+
+# KEYS: claims, queue, inflight, info, notify
+# ARGV: req_prefix, out_prefix, max_attempts (when info has none), retention_s, poison_message, now_s,
+#       notify_maxlen, queue_ttl_s, cancelled_event_json, then (id, attempt, started '1' | '0') triples
+# A live worker whose engine died hands its claims back at once instead of leaving them to expire: each one
+# that attempt still holds is given back (GIVE_BACK), charged with the death only if it had started in the
+# engine (a prefetched claim never reached it). Returns the ids re-queued.
+RETURN_CLAIMS = (
+    _RELEASE
+    + _EMIT
+    + _GIVE_BACK
+    + """
+local c = {req_prefix = ARGV[1], out_prefix = ARGV[2], queue = KEYS[2], inflight = KEYS[3], info = KEYS[4],
+           notify = KEYS[5], limit = tonumber(redis.call('HGET', KEYS[4], 'max_attempts') or ARGV[3]),
+           retention = ARGV[4], poison = ARGV[5], now = ARGV[6], notify_maxlen = ARGV[7],
+           queue_ttl = ARGV[8], cancelled = ARGV[9]}
+local requeued = {}
+for i = 10, #ARGV, 3 do
+  local id = ARGV[i]
+  local f = redis.call('HMGET', ARGV[1] .. id, 'attempt', 'state')
+  if f[1] == ARGV[i + 1] and f[2] == 'running' then
+    redis.call('ZREM', KEYS[1], id)
+    if give_back(id, ARGV[i + 2] == '1', c) then requeued[#requeued + 1] = id end
   end
 end
 return requeued
