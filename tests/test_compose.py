@@ -226,3 +226,18 @@ def test_compose_runs_every_service_the_launcher_starts() -> None:
     assert started, "the launcher names no service module any more: update this test"
     in_compose = {module_of(s) for s in SERVICES.values()}
     assert started <= in_compose, f"chimera up starts {sorted(started - in_compose)}, compose does not"
+
+
+def test_redis_keeps_its_data_as_the_launchers_does() -> None:
+    from services.common.redis_proc import PERSISTENCE
+
+    redis = SERVICES["redis"]
+    cmd = redis["command"]
+    assert cmd[0] == "redis-server"
+    flags = dict(zip(cmd[1::2], cmd[2::2], strict=True))
+    wanted = dict(zip(PERSISTENCE[::2], PERSISTENCE[1::2], strict=True))
+    assert {k: flags.get(k) for k in wanted} == wanted, "compose's Redis persists unlike chimera up's"
+    # The image keeps its files in /data: a named volume there outlives the container.
+    volume = next(v.split(":")[0] for v in redis["volumes"] if v.split(":")[1] == "/data")
+    assert volume in COMPOSE["volumes"]
+    assert redis["restart"] == "unless-stopped"

@@ -18,6 +18,10 @@ from pathlib import Path
 
 import redis
 
+# How Redis keeps its data, here and in compose.yaml (tests/test_compose.py holds them equal): an append-only
+# file fsynced once a second, and no RDB snapshots besides it (each would fork and dump everything again).
+PERSISTENCE = ("--appendonly", "yes", "--appendfsync", "everysec", "--save", "")
+
 
 @dataclass(frozen=True, slots=True)
 class PrivateRedisSpec:
@@ -47,13 +51,7 @@ class PrivateRedisSpec:
             str(self.socket),
             "--unixsocketperm",
             "700",
-            # The AOF is the one copy: no RDB snapshots besides it (each would fork and dump everything).
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "everysec",
+            *PERSISTENCE,
             "--dir",
             str(self.workdir),
             "--maxclients",
