@@ -63,10 +63,14 @@ def test_every_child_is_restarted_and_a_dead_one_stops_no_other(tmp_path: Path) 
     broken = sup.add(
         Child("broken", [sys.executable, "-c", "raise SystemExit(3)"], {}, tmp_path / "b.log", lambda: True)
     )
+    oneshot = sup.add(
+        Child("oneshot", [sys.executable, "-c", "pass"], {}, tmp_path / "o.log", lambda: True, restart=False)
+    )
     try:
         router.start()
         broken.start()
-        assert broken.wait(10)
+        oneshot.start()
+        assert broken.wait(10) and oneshot.wait(10)
         _wait_for(lambda: broken.restarts >= 2, sup)  # restarted, died again: check() never raised
         assert router.proc is not None
         first_pid = router.proc.pid
@@ -74,6 +78,7 @@ def test_every_child_is_restarted_and_a_dead_one_stops_no_other(tmp_path: Path) 
         _wait_for(lambda: router.alive() and router.restarts == 1, sup)
         assert router.proc.pid != first_pid
         assert broken.streak >= 2 and backoff(broken.streak) > backoff(0), "a crash loop backs off"
+        assert oneshot.restarts == 0 and not oneshot.alive(), "a one-shot is left as it exited"
     finally:
         sup.stop_all(grace_s=5)
 

@@ -44,6 +44,7 @@ class Child:
     env: Mapping[str, str]
     log_path: Path
     probe: HealthProbe
+    restart: bool = True  # False: a one-shot, left as it exits (compose's restart: "no")
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0  # every restart since the launch
     streak: int = 0  # restarts since the child last stayed up STABLE_S: the backoff's exponent
@@ -138,7 +139,7 @@ class Supervisor:
         child: a restart that fails (say, out of file descriptors) is logged and tried again later."""
         now = time.monotonic()
         for c in self.children:
-            if c.proc is None or c.alive():
+            if c.proc is None or c.alive() or not c.restart:
                 continue
             try:
                 self._revive(c, now)
