@@ -266,6 +266,34 @@ async def test_caller_going_away_cancels_the_request(stack: Stack) -> None:
     assert int(await stack.redis.hget(stack.keys.engine_info("e1"), "load") or 0) == 0
 
 
+async def test_a_retry_gets_the_same_answer_without_a_second_run(stack: Stack) -> None:
+    req = _gen(program="p-again", request_id="r-again")
+    first, again = await _collect(stack.stub, req), await _collect(stack.stub, req)
+    assert [r.final.text for r in again if r.HasField("final")] == ["Hello"]
+    # The replay merges deltas that were sent apart: the same text, in fewer messages.
+    assert "".join(r.delta.text for r in again if r.HasField("delta")) == "".join(
+        r.delta.text for r in first if r.HasField("delta")
+    )
+    assert await stack.redis.hget(stack.keys.request("e1", "r-again"), "attempt") == "1"
+
+
+async def test_a_caller_that_comes_back_in_time_keeps_its_request(stack: Stack) -> None:
+    req = _gen(program="p-back", request_id="r-back", text="hold on")
+    call = stack.stub.Generate(req, timeout=20)
+    reader = asyncio.create_task(call.read())
+    await _wait_state(stack, "e1", "r-back", "running")
+    call.cancel()  # the caller's connection breaks ...
+    with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+        await reader
+    retry = asyncio.create_task(_collect(stack.stub, req))  # ... and its retry re-attaches
+    await asyncio.sleep(stack.settings.detach_grace_s + 1.0)
+    state = await stack.redis.hget(stack.keys.request("e1", "r-back"), "state")
+    assert state == "running", "the broken call's deferred cancel must spare a re-attached request"
+    await stack.stub.EndProgram(pb.EndProgramRequest(program_id="p-back"), timeout=10)
+    final = [r.final for r in await retry if r.HasField("final")]
+    assert [f.finish_reason for f in final] == ["cancelled"]
+
+
 async def test_timeout_ms_is_deadline_exceeded_and_cancels(stack: Stack) -> None:
     req = _gen(program="p-slow", request_id="r-slow", text="hold forever", timeout_ms=300)
     assert await _code(stack.stub, req) == grpc.StatusCode.DEADLINE_EXCEEDED

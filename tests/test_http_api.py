@@ -204,8 +204,13 @@ async def test_errors_have_openai_shape_and_status(http: Http) -> None:
     many = await _error(c.completions.create(model="auto", prompt="x", max_tokens=10_000))
     assert many.status_code == 400 and "max_tokens" in many.message
     headers = {"X-Chimera-Program-Id": "wf-err", "X-Chimera-Stage": "2", "X-Chimera-Request-Id": "dup"}
-    await c.chat.completions.create(model="auto", messages=MESSAGES, extra_headers=headers)
-    dup = await _error(c.chat.completions.create(model="auto", messages=MESSAGES, extra_headers=headers))
+    first = await c.chat.completions.create(model="auto", messages=MESSAGES, extra_headers=headers)
+    # The same request again is a retry: it gets the same answer, not a second run.
+    again = await c.chat.completions.create(model="auto", messages=MESSAGES, extra_headers=headers)
+    assert again.choices[0].message.content == first.choices[0].message.content
+    # The same id for another stage is not a retry.
+    reused = {**headers, "X-Chimera-Stage": "3"}
+    dup = await _error(c.chat.completions.create(model="auto", messages=MESSAGES, extra_headers=reused))
     assert (dup.status_code, dup.type, dup.code) == (409, "conflict_error", "already_exists")
     back = {**headers, "X-Chimera-Stage": "1", "X-Chimera-Request-Id": "back"}
     backwards = await _error(c.chat.completions.create(model="auto", messages=MESSAGES, extra_headers=back))

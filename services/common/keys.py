@@ -230,6 +230,13 @@ class EngineField:
     DRAINED: Final = "drained"  # predicted tokens released so far (a counter): how fast the queue drains
 
 
+class EngineHealth:
+    """Values of ``EngineField.HEALTH``."""
+
+    OK: Final = "ok"
+    DEAD: Final = "dead"
+
+
 class RequestField:
     """Fields of ``Keys.request``."""
 
@@ -249,6 +256,7 @@ class RequestField:
     CANCEL: Final = "cancel"
     DEATHS: Final = "deaths"  # distinct worker deaths it was charged with (see queue_scripts GIVE_BACK)
     DIED_ON: Final = "died_on"  # JSON list of those workers' ids
+    REATTACHED: Final = "reattached"  # when a client's retry last re-attached to it (unix s)
 
 
 class ProgramField:

@@ -105,6 +105,7 @@ class QueueStore:
         self._assign = redis.register_script(lua.ASSIGN)
         self._credit = redis.register_script(lua.CREDIT)
         self._publish = redis.register_script(lua.PUBLISH)
+        self._reattach = redis.register_script(lua.REATTACH)
         self._unassign = redis.register_script(lua.UNASSIGN)
 
     @property
@@ -317,13 +318,10 @@ class QueueStore:
         )
         return bool(ok)
 
-    async def queued_request(self, engine: str, request_id: str) -> QueuedRequest | None:
-        """The request as it was enqueued (None if it does not exist); never its payload."""
-        f = RequestField
-        row = await self._r.hmget(
-            self._k.request(engine, request_id), [f.PROGRAM_ID, f.Y, f.Y90, f.SCORE, f.T_ENQ, f.STATE]
-        )
-        if row[5] is None:
+    async def reattach(self, engine: str, request_id: str, now: float) -> QueuedRequest | None:
+        """The request as it was enqueued (None if it does not exist), marked as re-attached at ``now``."""
+        row = await self._reattach(keys=[self._k.request(engine, request_id)], args=[repr(now)])
+        if not row:
             return None
         program_id, y, y90, score, t_enq, state = row
         return QueuedRequest(
@@ -333,6 +331,11 @@ class QueueStore:
             float(t_enq or 0.0),
             str(state),
         )
+
+    async def reattached_since(self, engine: str, request_id: str, t: float) -> bool:
+        """Whether a retry re-attached to the request after ``t`` (unix s)."""
+        at = await self._r.hget(self._k.request(engine, request_id), RequestField.REATTACHED)
+        return at is not None and float(at) > t
 
     async def cancel(self, engine: str, request_id: str, reason: str = "cancelled") -> str:
         """Cancel a request wherever it is. Returns the state it was found in ('missing' if unknown)."""

@@ -56,6 +56,17 @@ return 1
 """
 )
 
+# KEYS: req
+# ARGV: now_s
+# A client's retry re-attaches to the request: records when (so that the cancel its broken first call left
+# behind spares it). Returns {program_id, y, y90, score, t_enq, state}, or {} if there is no such request
+# (nothing is written then: a hash created here would never expire).
+REATTACH = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
+redis.call('HSET', KEYS[1], 'reattached', ARGV[1])
+return redis.call('HMGET', KEYS[1], 'program_id', 'y', 'y90', 'score', 't_enq', 'state')
+"""
+
 # KEYS: req, inflight, info, queue, wake
 # ARGV: id, payload, y, y90, score, t_enq, queue_ttl_s (how long it may wait), decision, program_id,
 #       max_load (in-flight tokens the engine may already hold for this request to join; 0: no bound)

@@ -121,6 +121,13 @@ class DispatcherSettings(CommonSettings):
         le=3600,
         description="a stream silent this long is read directly and its request checked for existence",
     )
+    detach_grace_s: float = Field(
+        default=3.0,
+        ge=0,
+        le=600,
+        description="a caller that goes away has its request cancelled this much later, unless its retry "
+        "re-attached to the request (same request_id) meanwhile",
+    )
     grace_s: float = Field(default=5.0, ge=0, le=120, description="shutdown grace for in-flight calls")
 
     @field_validator("policy")

@@ -46,6 +46,7 @@ from services.dispatcher.handoff import Dispatched, ProgramEnd, StreamItem
 from services.dispatcher.hub import StreamHub
 from services.dispatcher.intake import Intake, next_stage, stage_request
 from services.dispatcher.metrics import DispatcherMetrics
+from services.dispatcher.reattach import reattach
 from services.dispatcher.stream import stream_output
 from services.dispatcher.upstream import Upstream
 from services.dispatcher.validate import Limits, check_id, validate_request
@@ -209,7 +210,7 @@ class Dispatcher:
     def stream(self, d: Dispatched) -> AsyncIterator[StreamItem]:
         """The dispatched request's output: deltas, then exactly one ``Final`` (see ``stream_output``)."""
         s = self.settings
-        return stream_output(self.hub, self.store, d, s.stream_block_ms, s.stream_probe_s)
+        return stream_output(self.hub, self.store, d, s.stream_block_ms, s.stream_probe_s, s.detach_grace_s)
 
     async def close(self) -> None:
         """Stop the stream reader (the process is shutting down; no stream is served any more)."""
@@ -277,8 +278,9 @@ class Dispatcher:
         status, assigned, assigned_model = (str(x) for x in assignment)
         if status == "backwards":
             raise StageConflict(f"stage {req.stage} is behind the program's last stage")
-        if duplicate or status == "duplicate":
-            await self._undo_and_refuse(t, status, req, _duplicate(req))
+        if duplicate:
+            return await self._reattach(t, status, program, req, engine, assigned_model, started)
+        # status "duplicate" with no request: its first try never got queued, or Redis lost it; queue it now.
         if assigned != engine:
             # Another replica assigned this program first: join its engine (affinity), re-predict if the
             # model differs because the prediction is model-specific.
@@ -327,8 +329,8 @@ class Dispatcher:
             # The engine filled past the bound between our read and our write (concurrent dispatches).
             full = next(e for e in engines if e.engine_id == engine)
             await self._undo_and_refuse(t, status, req, self._gate.filled(full))
-        if not enqueued:
-            await self._undo_and_refuse(t, status, req, _duplicate(req))
+        if not enqueued:  # a retry that raced its first copy past the check above
+            return await self._reattach(t, status, program, req, engine, model, started)
         d = Dispatched(
             req,
             engine,
@@ -344,6 +346,26 @@ class Dispatcher:
             browned_out_from,
         )
         self.metrics.accepted(d, branch, dict(confidences))
+        return d
+
+    async def _reattach(
+        self,
+        t: Timings,
+        status: str,
+        program: Mapping[str, str],
+        req: StageRequest,
+        engine: str,
+        model: str,
+        started: float,
+    ) -> Dispatched:
+        """The request id exists on the engine. A retry (the program's current stage and request, ASSIGN's
+        "duplicate") streams the request again; anything else reusing the id is refused."""
+        d = None
+        if status == "duplicate" and program.get(ProgramField.STAGE) == str(req.stage):
+            d = await self._redis(t, reattach(self.store, req, engine, model, t, started, self._clock()))
+        if d is None:
+            await self._undo_and_refuse(t, status, req, _duplicate(req))
+        self.metrics.reattached(engine)
         return d
 
     @property

@@ -27,7 +27,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +110,22 @@ class StreamHub:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._grown = asyncio.Event()  # a subscription on an engine the current read does not cover
+        self._later: set[asyncio.Task[None]] = set()
+
+    def later(self, delay_s: float, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` after ``delay_s`` (a stream's deferred cancel); dropped if the hub stops first."""
+
+        async def run() -> None:
+            try:
+                await asyncio.sleep(delay_s)
+            except asyncio.CancelledError:
+                work.close()  # never started: close it, or Python warns it was never awaited
+                raise
+            await work
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._later.add(task)
+        task.add_done_callback(self._later.discard)
 
     @property
     def open_streams(self) -> int:
@@ -194,6 +210,8 @@ class StreamHub:
 
     async def stop(self) -> None:
         self._stopping = True
+        for task in list(self._later):
+            task.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -130,6 +130,12 @@ class DispatcherMetrics:
             ["from_engine", "to_engine"],
             registry=r,
         )
+        self.reattached_total = Counter(
+            f"{NS}_reattached_total",
+            "retries of a request id that streamed the existing request again instead of running it twice",
+            ["engine"],
+            registry=r,
+        )
         self.degraded = Counter(
             f"{NS}_degraded_total",
             "dispatches that fell back because a dependency failed",
@@ -215,6 +221,9 @@ class DispatcherMetrics:
         self.brownout_margin.set(margin)
         self.open_requests_limit.set(max_open)
         self.open_requests.set_function(open_now)
+
+    def reattached(self, engine: str) -> None:
+        self.reattached_total.labels(engine).inc()
 
     def browned_out(self, from_engine: str, to_engine: str) -> None:
         self.brownouts.labels(from_engine, to_engine).inc()

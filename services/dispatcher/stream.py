@@ -5,7 +5,8 @@ serve it and a reconnecting reader misses nothing. The process's ``StreamHub`` r
 for all open streams). A request that is re-run after its worker died emits
 deltas with a higher ``attempt``; earlier attempts' late deltas are dropped here, and the caller, seeing a
 higher attempt, discards text it already has. If the caller goes away or its deadline passes, the request
-is cancelled so that the engine stops spending tokens on it.
+is cancelled so that the engine stops spending tokens on it: at once past its deadline, else after a grace
+in which the caller's retry may re-attach to it (``reattach.py``).
 """
 
 from __future__ import annotations
@@ -38,15 +39,19 @@ async def stream_output(
     d: Dispatched,
     block_ms: int = 1000,
     probe_s: float = 5.0,
+    detach_grace_s: float = 3.0,
     clock: Callable[[], float] = time.time,
 ) -> AsyncIterator[StreamItem]:
     """Yield deltas, then exactly one ``Final``; raise ``RequestFailed`` on an error event.
 
     Raises ``DeadlineExceeded`` once the request's deadline passes (the request is cancelled first). After
-    ``probe_s`` without an event it reads the stream itself and checks that the request still exists.
+    ``probe_s`` without an event it reads the stream itself and checks that the request still exists. A
+    stream left before its end has its request cancelled ``detach_grace_s`` later, unless a retry of the
+    request re-attached to it by then.
     """
     rid, engine = d.request.request_id, d.engine
     relay, reported = _Relay(d, clock), False
+    ended_by: BaseException | None = None  # None: the caller stopped reading
     try:
         async with hub.subscribe(engine, rid) as sub:
             silent_s = 0.0
@@ -75,13 +80,18 @@ async def stream_output(
                         relay.finished = True
                         raise RequestFailed("UNAVAILABLE", f"request {rid} expired before it finished")
     except Exception as e:
+        ended_by = e
         reported = _report(d, e.code if isinstance(e, DispatchError) else "INTERNAL")
         raise
     finally:
         if not reported:
             _report(d, None)  # the caller went away (or was cancelled) before the end
         if not relay.finished:
-            await _cancel_quietly(store, engine, rid)
+            if isinstance(ended_by, DeadlineExceeded):
+                await _cancel_quietly(store, engine, rid)
+            else:
+                # The caller went away, or this process lost Redis: its retry may re-attach (reattach.py).
+                hub.later(detach_grace_s, _cancel_unless_reattached(store, engine, rid, clock()))
 
 
 class _Relay:
@@ -168,6 +178,16 @@ def _final(d: Dispatched, ev: Mapping[str, Any], clock: Callable[[], float]) -> 
         timings=d.timings,
         browned_out_from=d.browned_out_from,
     )
+
+
+async def _cancel_unless_reattached(store: QueueStore, engine: str, rid: str, detached: float) -> None:
+    try:
+        if await store.reattached_since(engine, rid, detached):
+            return
+    except REDIS_DOWN as e:
+        log.warning("could not check request %s for a re-attached retry: %r", rid, e)
+        return  # Redis is away: so is any way to cancel; the request's lease and expiry still bound it
+    await _cancel_quietly(store, engine, rid)
 
 
 async def _cancel_quietly(store: QueueStore, engine: str, rid: str) -> None:
