@@ -253,9 +253,7 @@ async def test_engine_exception_fails_only_that_request(redis_client: Redis, key
     assert await _load(redis_client, keys) == 0
 
 
-async def test_dead_engine_stops_the_worker_and_leaves_claims_to_expire(
-    redis_client: Redis, keys: Keys
-) -> None:
+async def test_dead_engine_stops_the_worker_and_hands_its_claims_back(redis_client: Redis, keys: Keys) -> None:
     q = QueueStore(redis_client, keys)
     await _enqueue(q, "y-100000", 1.0)
     engine = _engine(1, 5.0)
@@ -266,7 +264,13 @@ async def test_dead_engine_stops_the_worker_and_leaves_claims_to_expire(
     with pytest.raises(EngineDeadError):
         await asyncio.wait_for(run, 10)
     assert not await _finished(redis_client, keys, "y-100000")
-    assert await redis_client.zscore(keys.claims(ENGINE), "y-100000") is not None  # re-queued on expiry
+    # Back in the queue at once (not after its lease), charged with the death it was running in.
+    assert await redis_client.zscore(keys.claims(ENGINE), "y-100000") is None
+    assert await redis_client.zscore(keys.queue(ENGINE), "y-100000") == 1.0
+    fields = await q.request_fields(ENGINE, "y-100000")
+    assert (fields["state"], fields["deaths"], json.loads(fields["died_on"])) == ("queued", "1", ["w-test"])
+    info = await redis_client.hgetall(keys.engine_info(ENGINE))
+    assert (info["health"], info["heartbeat_ms"]) == ("dead", "0")  # the dispatcher routes nothing to it
 
 
 async def test_max_requests_stops_claiming(redis_client: Redis, keys: Keys) -> None:

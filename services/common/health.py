@@ -7,12 +7,13 @@ quiet while a one-shot container check prints why it failed.
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import grpc
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.common.keys import EngineField, Keys
+from services.common.keys import EngineField, EngineHealth, Keys
 
 
 def grpc_unhealthy(addr: str, timeout_s: float = 2.0, service: str = "") -> str | None:
@@ -29,14 +30,22 @@ def grpc_unhealthy(addr: str, timeout_s: float = 2.0, service: str = "") -> str 
 
 
 def heartbeat_unhealthy(r: redis.Redis, keys: Keys, engine: str, max_age_s: float) -> str | None:
-    """Why the engine's worker heartbeat is missing or older than ``max_age_s``, or None."""
+    """Why the engine's worker is not healthy, or None: its heartbeat is missing or older than
+    ``max_age_s``, or the heartbeat itself says the engine is dead (its worker saw it die and is exiting)."""
+    f = EngineField
     try:
-        raw = r.hget(keys.engine_info(engine), EngineField.HEARTBEAT_MS)
+        # The clients here decode responses: the values are str.
+        beat, health, reason = cast(
+            list[str | None], r.hmget(keys.engine_info(engine), [f.HEARTBEAT_MS, f.HEALTH, f.HEALTH_REASON])
+        )
     except redis.RedisError as e:
         return f"redis: {e}"
-    if raw is None:
+    # A worker older than the health field reports none: its heartbeat's age alone decides.
+    if health is not None and health != EngineHealth.OK:
+        return f"engine {engine} is {health}: {reason or 'no reason given'}"
+    if beat is None:
         return f"engine {engine} has no heartbeat"
-    age_s = time.time() - float(raw) / 1000
+    age_s = time.time() - float(beat) / 1000
     if age_s > max_age_s:
         return f"engine {engine} heartbeat is {age_s:.1f} s old (limit {max_age_s:.1f} s)"
     return None

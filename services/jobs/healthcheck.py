@@ -1,7 +1,7 @@
 """Container health checks (compose ``healthcheck``): exit 0 when healthy, 1 otherwise, reason on stderr.
 
 python -m services.jobs.healthcheck grpc 127.0.0.1:50061     # grpc.health.v1 says SERVING
-python -m services.jobs.healthcheck heartbeat [ENGINE]       # the engine's worker heartbeat is fresh
+python -m services.jobs.healthcheck heartbeat [ENGINE]       # the worker's heartbeat is fresh and healthy
 python -m services.jobs.healthcheck celery                   # this host's jobs worker answers a ping
 """
 

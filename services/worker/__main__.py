@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from services.common.keys import Keys
 from services.common.logs import setup_logging
 from services.common.metrics import start_exporter
-from services.common.queue import QueueStore
+from services.common.queue import QueueStore, Retention
 from services.common.redis_client import connect
 from services.worker.config import WorkerSettings
 from services.worker.engine.base import EngineDeadError
@@ -23,12 +23,13 @@ from services.worker.worker import Worker
 
 async def main(s: WorkerSettings, metrics: WorkerMetrics) -> int:
     redis = connect(s.redis_url, s.redis_max_connections, s.redis_outage_s)
-    worker = Worker(QueueStore(redis, Keys(s.key_prefix)), redis, build_engine(s), s.options(), metrics)
+    store = QueueStore(redis, Keys(s.key_prefix), Retention(max_attempts=s.max_attempts))
+    worker = Worker(store, redis, build_engine(s), s.options(), metrics)
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, worker.request_stop)
     try:
         await worker.run()
-    except EngineDeadError as exc:  # exit non-zero: the claims expire and are re-queued
+    except EngineDeadError as exc:  # exit non-zero (the supervisor restarts it); its claims are re-queued
         logging.getLogger("services.worker").error("engine died: %s", exc)
         return 1
     finally:

@@ -85,6 +85,11 @@ class WorkerSettings(CommonSettings):
         default=0.83, ge=0.0, le=5.0, description="simulated engine: lognormal sigma"
     )
     sim_seed: int = Field(default=0, description="simulated engine: seed of the output-length model")
+    sim_fault_die_after_s: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="FAULT INJECTION (tests), simulated engine: it dies this long after start",
+    )
     model_path: str = Field(
         default="tiny",
         description="vllm: model folder, or tiny | small | smollm2 | gemma3-270m (built locally)",
@@ -109,6 +114,12 @@ class WorkerSettings(CommonSettings):
     )
     profile_on_start: bool = Field(
         default=True, description="profile a real engine at start when no measured profile is stored"
+    )
+    max_attempts: int = Field(
+        default=3,
+        ge=1,
+        le=100,
+        description="a request running in this many distinct worker deaths is failed as poison",
     )
 
     @field_validator("profile_json")
@@ -139,4 +150,5 @@ class WorkerSettings(CommonSettings):
             max_run_s=self.max_run_s,
             publish_chars=self.publish_chars,
             profile_on_start=self.profile_on_start,
+            max_attempts=self.max_attempts,
         )

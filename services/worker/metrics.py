@@ -1,5 +1,5 @@
 """The worker's Prometheus metrics: claims, running sequences, stage run time, tokens, and the failure paths
-(engine errors, lost leases, requests the reaper put back in the queue)."""
+(engine errors, lost leases, requests put back in the queue, registrations written again)."""
 
 from __future__ import annotations
 
@@ -56,12 +56,21 @@ class WorkerMetrics:
             em,
             registry=r,
         )
-        self._requeued = Counter(
-            f"{NS}_reaper_requeued_total",
-            "expired claims this worker's reaper put back in the queue",
+        self._reregistrations = Counter(
+            f"{NS}_reregistrations_total",
+            "heartbeats that found the engine's registration gone (Redis lost its data) and wrote it again",
             em,
             registry=r,
         )
+        self._requeued = Counter(
+            f"{NS}_reaper_requeued_total",
+            "claims this worker put back in the queue: expired ones (its reaper), its own (its engine died)",
+            em,
+            registry=r,
+        )
+
+    def reregistered(self) -> None:
+        self._reregistrations.labels(*self._labels).inc()
 
     def claimed(self, n: int) -> None:
         self._claims.labels(*self._labels).inc(n)

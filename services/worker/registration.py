@@ -1,14 +1,17 @@
-"""How a worker announces its engine in Redis: the engine set and the engine's info hash."""
+"""How a worker announces its engine in Redis: the engine set and the engine's info hash, refreshed (and
+re-created when missing) by every heartbeat, and marked dead when the engine dies."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from redis.asyncio import Redis
 from redis.typing import EncodableT, FieldT
 
-from services.common.keys import EngineField, Keys, ProfileField
+from services.common.keys import EngineField, EngineHealth, Keys, ProfileField
 from services.common.types import EngineProfile
 from services.worker.engine.base import Engine
 from services.worker.profiling import profile_engine, store_profile
@@ -28,17 +31,21 @@ async def stored_profile(redis: Redis, keys: Keys, engine_id: str) -> EngineProf
         return None
 
 
-async def register(
-    redis: Redis,
-    keys: Keys,
-    engine_id: str,
-    fields: dict[str, str | int | float],
-    profile: EngineProfile | None,
-) -> None:
-    """Add the engine to the engine set and write its info hash, leaving ``load`` to the queue scripts."""
-    mapping: dict[FieldT, EncodableT] = {k: str(v) for k, v in fields.items()}
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """What a worker wrote for its engine at start; kept in memory so that a heartbeat can write it again
+    (a Redis restarted without its data, a FLUSH) without measuring the profile a second time."""
+
+    engine_id: str
+    fields: Mapping[str, str]
+
+
+def registration(
+    engine_id: str, fields: Mapping[str, str | int | float], profile: EngineProfile | None
+) -> Registration:
+    """The engine's info fields: ``fields`` plus the profile's, leaving ``load`` to the queue scripts."""
+    mapping = {k: str(v) for k, v in fields.items()}
     f = EngineField
-    mapping |= {f.HEARTBEAT_MS: str(int(time.time() * 1000)), f.RUNNING: "0", f.HELD: "0"}
     if profile is not None:
         mapping |= {
             f.DECODE_MS_PER_TOKEN: repr(profile.decode_ms_per_token),
@@ -49,21 +56,70 @@ async def register(
         log.warning(
             "engine %s has no profile yet: the load balancer cannot weigh it until one is measured", engine_id
         )
+    return Registration(engine_id, mapping)
+
+
+async def register(redis: Redis, keys: Keys, reg: Registration) -> None:
+    """Add the engine to the engine set and write its info hash (healthy, nothing running yet)."""
+    mapping: dict[FieldT, EncodableT] = dict(reg.fields.items())
+    f = EngineField
+    mapping |= {
+        f.HEARTBEAT_MS: str(int(time.time() * 1000)),
+        f.RUNNING: "0",
+        f.HELD: "0",
+        f.HEALTH: EngineHealth.OK,
+        f.HEALTH_REASON: "",
+    }
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.sadd(keys.engines(), engine_id)
-        pipe.hset(keys.engine_info(engine_id), mapping=mapping)
+        pipe.sadd(keys.engines(), reg.engine_id)
+        pipe.hset(keys.engine_info(reg.engine_id), mapping=mapping)
         await pipe.execute()
 
 
 async def heartbeat(
-    redis: Redis, keys: Keys, engine_id: str, worker_id: str, running: int, held: int
-) -> None:
-    """Refresh liveness and occupancy: ``running`` in the engine, ``held`` claims (running + prefetched)."""
+    redis: Redis, keys: Keys, reg: Registration, worker_id: str, running: int, held: int
+) -> bool:
+    """Refresh liveness, health and occupancy (``running`` in the engine, ``held`` claims: running plus
+    prefetched), and register again if the registration is gone. True when it had to.
+
+    One round trip while registered: SADD is idempotent (it says whether the engine was missing) and an
+    info hash that lost its model lost the rest of the registration with it."""
+    f = EngineField
     mapping: dict[FieldT, EncodableT] = {
-        EngineField.HEARTBEAT_MS: int(time.time() * 1000),
-        EngineField.RUNNING: running,
-        EngineField.HELD: held,
-        EngineField.WORKER_ID: worker_id,
+        f.HEARTBEAT_MS: int(time.time() * 1000),
+        f.RUNNING: running,
+        f.HELD: held,
+        f.WORKER_ID: worker_id,
+        f.HEALTH: EngineHealth.OK,
+    }
+    info = keys.engine_info(reg.engine_id)
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.sadd(keys.engines(), reg.engine_id)
+        pipe.hexists(info, f.MODEL)
+        pipe.hset(info, mapping=mapping)
+        added, had_model, _ = await pipe.execute()
+    if added or not had_model:
+        log.warning(
+            "engine %s was not registered (Redis lost its data?): registering it again", reg.engine_id
+        )
+        again: dict[FieldT, EncodableT] = dict(reg.fields.items())
+        await redis.hset(info, mapping=again | {f.HEALTH_REASON: ""})
+        return True
+    return False
+
+
+async def mark_dead(redis: Redis, keys: Keys, engine_id: str, worker_id: str, reason: str) -> None:
+    """Say the engine is dead in its heartbeat: ``health`` and its reason for the health probe, and a zero
+    ``heartbeat_ms`` so that every reader of liveness (the dispatcher's routing) stops sending it work now
+    rather than once the heartbeat is stale. The registration stays: the restarted worker refreshes it."""
+    f = EngineField
+    mapping: dict[FieldT, EncodableT] = {
+        f.HEARTBEAT_MS: 0,
+        f.HEALTH: EngineHealth.DEAD,
+        f.HEALTH_REASON: reason[:500],
+        f.WORKER_ID: worker_id,
+        f.RUNNING: 0,
+        f.HELD: 0,
     }
     await redis.hset(keys.engine_info(engine_id), mapping=mapping)
 
@@ -76,7 +132,8 @@ async def announce(
     kind: str,
     worker_id: str,
     profile_on_start: bool,
-) -> None:
+    max_attempts: int,
+) -> Registration:
     """Register the worker's engine with its profile: the stored measured one, else the engine's own, else
     (a real engine on its first start, with ``profile_on_start``) one measured now and stored."""
     measured = await stored_profile(redis, keys, engine_id)
@@ -95,5 +152,9 @@ async def announce(
         # A simulated engine runs time_scale times faster than its profile; readers of its timings
         # (benchmarks) multiply wall durations by it. Real engines run at 1.
         f.TIME_SCALE: float(getattr(engine, "time_scale", 1.0)),
+        # Every reaper of this engine (the dispatcher's too) fails poison requests by this worker's limit.
+        f.MAX_ATTEMPTS: max_attempts,
     }
-    await register(redis, keys, engine_id, fields, profile)
+    reg = registration(engine_id, fields, profile)
+    await register(redis, keys, reg)
+    return reg

@@ -6,9 +6,15 @@ NOTE(admission): the schedule lives in Redis. The worker holds at most ``max_num
 the sorted set, where it can still overtake, rather than in the engine's own waiting list. The small
 prefetch keeps a freed slot from idling for a Redis round trip.
 
-NOTE(failure): a claim is a lease. Whatever this process does not finish (a crash, SIGKILL, a dead engine,
-a shutdown past its grace period) is left to expire; the reaper of any worker of this engine then re-queues
-it with its original score, and the attempt number fences every write of the stale attempt.
+NOTE(failure): a claim is a lease. Whatever this process does not finish (a crash, SIGKILL, a shutdown past
+its grace period) is left to expire; the reaper of any worker of this engine then re-queues it with its
+original score, and the attempt number fences every write of the stale attempt.
+
+NOTE(engine health): the heartbeat carries the engine's health, probed on every tick, so an engine that dies
+while idle is seen as soon as one that dies under a request. A dead engine makes the worker unhealthy at
+once: it stops claiming, marks the engine dead in its heartbeat (the dispatcher stops routing to it and the
+health probe fails), hands its claims back to the queue (RETURN_CLAIMS: only those the engine had started
+are charged with the death), and exits non-zero so that its supervisor restarts it with a fresh engine.
 """
 
 from __future__ import annotations
@@ -26,7 +32,13 @@ from redis.exceptions import RedisError
 from services.common.queue import QueueStore
 from services.common.types import ClaimedRequest
 from services.worker import records, registration
-from services.worker.engine.base import Engine, EngineDeadError, EngineOutput, EngineRequestError
+from services.worker.engine.base import (
+    Engine,
+    EngineDeadError,
+    EngineOutput,
+    EngineRequestError,
+    EngineUnavailableError,
+)
 from services.worker.metrics import WorkerMetrics
 from services.worker.publisher import DeltaPublisher
 
@@ -55,6 +67,9 @@ class WorkerOptions:
     # An engine with neither a stored measured profile nor one of its own (a real engine on first start)
     # is profiled once before it takes work, so the load balancer can weigh it; the result is stored.
     profile_on_start: bool = True
+    # Distinct worker deaths a request may be running in before it is failed as poison (queue_scripts);
+    # registered with the engine so that every reaper of it applies this worker's limit.
+    max_attempts: int = 3
 
 
 @dataclass(eq=False)
@@ -105,6 +120,10 @@ class Worker:
         # redis-py command can be absorbed by the client, which would leave the loop running forever.
         self._closing = asyncio.Event()
         self._fatal: EngineDeadError | None = None
+        self._reg: registration.Registration | None = None  # re-written by a heartbeat that finds it gone
+        # Jobs whose engine died under them: their claims go back to the queue as the worker exits.
+        self._orphans: list[_Job] = []
+        self._marking: asyncio.Task[None] | None = None
         self._deltas = DeltaPublisher(queue, opts.engine_id, opts.publish_interval_s, opts.publish_chars)
         self.claimed_total = 0
         self.completed_total = 0
@@ -126,7 +145,7 @@ class Worker:
     async def run(self) -> None:
         """Serve until stopped, the burst is drained, or ``max_requests`` are done.
 
-        Raises EngineDeadError if the engine died; its claims are then left to expire and be re-queued.
+        Raises EngineDeadError if the engine died; its claims are then back in the queue.
         """
         o = self._o
         await self._engine.start()
@@ -148,14 +167,17 @@ class Worker:
                 o.prefetch,
                 o.worker_id,
             )
+            abandoned: list[_Job] = []
             try:
                 await self._admission_loop()
-                await self._drain()
+                abandoned = await self._drain()
             finally:
                 self._closing.set()
                 _done, pending = await asyncio.wait(background, timeout=5.0)
                 for t in pending:
                     t.cancel()
+                if self._fatal is not None:
+                    await self._hand_back(self._orphans + abandoned)
         finally:
             await self._engine.stop()
         if self._fatal is not None:
@@ -166,9 +188,55 @@ class Worker:
 
     async def _register(self) -> None:
         o = self._o
-        await registration.announce(
-            self._r, self._q.keys, self._engine, o.engine_id, o.kind, o.worker_id, o.profile_on_start
+        self._reg = await registration.announce(
+            self._r,
+            self._q.keys,
+            self._engine,
+            o.engine_id,
+            o.kind,
+            o.worker_id,
+            o.profile_on_start,
+            o.max_attempts,
         )
+
+    def _die(self, reason: str) -> None:
+        """The engine is dead: stop claiming and say so in the heartbeat now; ``run`` hands the claims back
+        and raises. Safe to call more than once (only the first reason is kept)."""
+        if self._fatal is not None:
+            return
+        log.error("engine %s is dead: %s; the worker stops and exits", self._o.engine_id, reason)
+        self._m.engine_error("dead")
+        self._fatal = EngineDeadError(reason)
+        self._stop.set()
+        self._slot_freed.set()  # an admission loop waiting for a slot looks at _stop now
+        self._marking = asyncio.create_task(self._mark_dead(), name="mark-dead")
+
+    async def _mark_dead(self) -> None:
+        assert self._fatal is not None
+        try:
+            await registration.mark_dead(
+                self._r, self._q.keys, self._o.engine_id, self._o.worker_id, str(self._fatal)
+            )
+        except RedisError as exc:
+            log.warning("could not mark the engine dead: %s", exc)
+
+    async def _hand_back(self, jobs: list[_Job]) -> None:
+        """Mark the engine dead once more (after the heartbeat stopped, so nothing overwrites it) and return
+        the claims of ``jobs`` to the queue rather than leave them to expire."""
+        if self._marking is not None:
+            await self._marking
+        await self._mark_dead()
+        held = {j.request_id: (j.request_id, j.attempt, j.started) for j in jobs}
+        try:
+            ids = await self._q.return_claims(self._o.engine_id, list(held.values()))
+        except RedisError as exc:
+            log.warning(
+                "could not hand back %d claims (%s); they return when their leases expire", len(held), exc
+            )
+            return
+        if held:
+            log.info("handed back %d claims: %d re-queued, the rest ended", len(held), len(ids))
+            self._m.requeued(len(ids))
 
     def _room(self) -> int:
         not_started = sum(1 for j in self._held.values() if not j.started)
@@ -221,8 +289,9 @@ class Worker:
         self.claimed_total += 1
         job.task = asyncio.create_task(self._run_job(job), name=f"req-{job.key}")
 
-    async def _drain(self) -> None:
-        """Let held requests finish within the grace period; abandon the rest to lease expiry."""
+    async def _drain(self) -> list[_Job]:
+        """Let held requests finish within the grace period (none when the engine is dead); abandon the rest
+        to lease expiry, or to ``run``'s hand-back when the engine is dead. Returns those abandoned."""
         tasks = [j.task for j in self._held.values() if j.task is not None]
         if tasks and self._fatal is None:
             log.info("waiting up to %.1f s for %d running requests", self._o.grace_s, len(tasks))
@@ -239,6 +308,7 @@ class Worker:
         abandoned = [j.task for j in left if j.task is not None]
         if abandoned:
             await asyncio.wait(abandoned, timeout=5.0)
+        return left
 
     async def _run_job(self, job: _Job) -> None:
         c = job.claimed
@@ -269,21 +339,27 @@ class Worker:
             await self._complete(job, final, text, run_s)
         except EngineDeadError as exc:
             log.error("engine died while running %s: %s", job.key, exc)
-            self._m.engine_error("dead")
-            if self._fatal is None:
-                self._fatal = exc
-            self._stop.set()
+            self._orphans.append(job)
+            self._die(str(exc))
         except EngineRequestError as exc:
             log.warning("engine refused %s: %s", job.key, exc)
             self._m.ended("failed")
             with contextlib.suppress(RedisError):
                 await self._q.fail(c, "INVALID_ARGUMENT", str(exc))
+        except EngineUnavailableError as exc:
+            log.warning("engine could not serve %s: %s", job.key, exc)
+            self._m.engine_error("request")
+            self._m.ended("failed")
+            with contextlib.suppress(RedisError):
+                await self._q.fail(c, "UNAVAILABLE", str(exc))
+            await self._probe()
         except Exception as exc:
             log.exception("request %s failed", job.key)
             self._m.engine_error("request")
             self._m.ended("failed")
             with contextlib.suppress(RedisError):
                 await self._q.fail(c, "INTERNAL", f"{type(exc).__name__}: {exc}")
+            await self._probe()  # an error that is not the request's may be the engine's death
         finally:
             self._held.pop(req.request_id, None)
             self._slot_freed.set()
@@ -358,13 +434,33 @@ class Worker:
                     job.cancel = True
                     await self._abort(job)
 
+    async def _probe(self) -> None:
+        """Ask the engine whether it is alive; a dead one kills the worker (``_die``)."""
+        if self._fatal is not None:
+            return
+        try:
+            # Bounded: a probe that hangs must not stall the heartbeat it rides on.
+            reason = await asyncio.wait_for(self._engine.health(), max(2.0, 2 * self._o.heartbeat_s))
+        except TimeoutError:
+            log.warning("engine health probe timed out; no verdict this time")
+            return
+        except Exception as exc:
+            reason = f"engine health probe raised {exc!r}"
+        if reason is not None:
+            self._die(reason)
+
     async def _heartbeat_loop(self) -> None:
         o = self._o
-        while True:
+        assert self._reg is not None
+        while self._fatal is None:
+            await self._probe()
+            if self._fatal is not None:
+                break  # _die marks the engine dead: never heartbeat it alive again
             try:
-                await registration.heartbeat(
-                    self._r, self._q.keys, o.engine_id, o.worker_id, self._engine.running(), len(self._held)
-                )
+                if await registration.heartbeat(
+                    self._r, self._q.keys, self._reg, o.worker_id, self._engine.running(), len(self._held)
+                ):
+                    self._m.reregistered()
             except RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)
             self._occupancy()

@@ -32,6 +32,11 @@ class EngineRequestError(ValueError):
     """
 
 
+class EngineUnavailableError(RuntimeError):
+    """The engine could not serve this one request (a transient failure that outlasted its retries); the
+    worker answers it UNAVAILABLE, and the heartbeat's health probe decides whether the engine is dead."""
+
+
 class EngineDeadError(RuntimeError):
     """The engine process is gone; the worker exits so that its claims are re-queued."""
 
@@ -53,6 +58,11 @@ class Engine(Protocol):
 
     def running(self) -> int:
         """Requests admitted and not yet finished."""
+        ...
+
+    async def health(self) -> str | None:
+        """Why the engine is dead (its process gone, its loop stopped, its server unreachable for good), or
+        None while it can serve. Polled with every heartbeat, so idle death is seen too: cheap, bounded."""
         ...
 
     def profile(self) -> EngineProfile | None:

@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 def _simulated(s: WorkerSettings) -> Engine:
     profile = s.profile() or measured_style_profile(max_batch_size=s.max_num_seqs)
     lengths = LognormalLengths(median_tokens=s.sim_length_median, sigma=s.sim_length_sigma, seed=s.sim_seed)
-    return SimulatedEngine(s.model, profile, s.max_num_seqs, s.time_scale, lengths)
+    return SimulatedEngine(
+        s.model, profile, s.max_num_seqs, s.time_scale, lengths, fault_die_after_s=s.sim_fault_die_after_s
+    )
 
 
 def _vllm(s: WorkerSettings) -> Engine:

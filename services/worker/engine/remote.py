@@ -4,6 +4,13 @@ NOTE(remote): each request is one streamed chat completion with ``stream_options
 final token counts are the server's own. ``priority`` is vLLM's extra request field; the server must run with
 ``--scheduling-policy priority`` (vLLM rejects a non-zero priority otherwise), or set ``send_priority=False``.
 Abort closes the HTTP stream, which vLLM turns into an engine-side abort of that request.
+
+NOTE(remote failures): a connection-level error (connect, read, protocol) is usually transient: a restarting
+proxy, a dropped keep-alive connection. Before any text of the request has arrived it is retried, bounded,
+with exponential backoff; after text has arrived it is not (a second run would not continue the same text)
+and the request alone fails, as does one that still cannot be served after the retries. Whether the server
+itself is gone is the heartbeat's question: ``health()`` probes ``/health`` and says dead only after it has
+failed for ``dead_after_s`` on end, and the worker then exits and hands its claims back.
 """
 
 from __future__ import annotations
@@ -18,18 +25,35 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from services.common.types import EngineProfile, StageRequest
-from services.worker.engine.base import EngineDeadError, EngineOutput, EngineRequestError
+from services.worker.engine.base import (
+    EngineDeadError,
+    EngineOutput,
+    EngineRequestError,
+    EngineUnavailableError,
+)
 
 log = logging.getLogger(__name__)
 
-# Connection-level failures mean the server is gone, not that this request was bad.
-_DEAD = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+# Connection-level failures: transient, or the server is gone; neither says this request was bad.
+_TRANSIENT = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.RemoteProtocolError,
+    httpx.ReadError,
+    httpx.WriteError,
+)
 
 
 class RemoteRequestError(RuntimeError):
     """The server failed one request (HTTP 5xx); the engine itself is still up."""
+
+
+class RemoteUnavailableError(RemoteRequestError, EngineUnavailableError):
+    """The server could not serve one request: unreachable through every retry, or its stream broke after
+    text had arrived. The request fails; the health probe decides whether the engine is dead."""
 
 
 class RemoteRejectedError(EngineRequestError):
@@ -47,6 +71,14 @@ class RemoteEngineConfig:
     # Longest silence between two streamed chunks before the request is treated as failed.
     read_timeout_s: float = 120.0
     start_timeout_s: float = 60.0
+    # A request's connection-level failures before its first text: tries in all, and the first backoff
+    # (doubling, at most retry_max_backoff_s).
+    retry_attempts: int = 4
+    retry_backoff_s: float = 0.25
+    retry_max_backoff_s: float = 4.0
+    # health(): the engine is dead once /health has failed for this long on end (one failure is a blip).
+    dead_after_s: float = 15.0
+    health_timeout_s: float = 2.0
 
 
 @dataclass
@@ -87,6 +119,7 @@ class RemoteEngine:
         self.max_num_seqs = cfg.max_num_seqs
         self._client: httpx.AsyncClient | None = None
         self._streams: dict[str, _Stream] = {}
+        self._failing_since: float | None = None  # monotonic time of the first of consecutive failed probes
 
     async def start(self) -> None:
         """Connect and wait (bounded) for the server's /health, then learn the model name if not given."""
@@ -120,47 +153,93 @@ class RemoteEngine:
             self._client = None
 
     async def _read(self, key: str, body: dict[str, Any], st: _Stream) -> None:
-        """Stream one completion into ``st.queue``; ends with a final output or an exception."""
+        """Stream one completion into ``st.queue``; ends with a final output or an exception. A
+        connection-level failure before the first text is retried (see the module's note)."""
+        cfg = self.cfg
+
+        def retryable(e: BaseException) -> bool:
+            return isinstance(e, _TRANSIENT) and st.deltas == 0
+
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(retryable),
+                stop=stop_after_attempt(max(1, cfg.retry_attempts)),
+                wait=wait_exponential(multiplier=cfg.retry_backoff_s, max=cfg.retry_max_backoff_s),
+                before_sleep=lambda rs: log.warning(
+                    "remote request %s: %r; retrying (try %d)",
+                    key,
+                    rs.outcome.exception() if rs.outcome else None,
+                    rs.attempt_number + 1,
+                ),
+                reraise=True,
+            ):
+                with attempt:
+                    await self._stream_once(key, body, st)
+        except asyncio.CancelledError:
+            raise
+        except _TRANSIENT as e:
+            where = "after its text began" if st.deltas else f"after {cfg.retry_attempts} tries"
+            st.queue.put_nowait(
+                RemoteUnavailableError(f"remote engine {cfg.base_url} failed {key} {where}: {e!r}")
+            )
+        except Exception as e:  # handed to the consumer, which re-raises it in its own task
+            st.queue.put_nowait(e)
+
+    async def _stream_once(self, key: str, body: dict[str, Any], st: _Stream) -> None:
         assert self._client is not None
         text_reason: str | None = None
         usage: dict[str, Any] = {}
-        try:
-            async with self._client.stream("POST", "/v1/chat/completions", json=body) as resp:
-                if resp.status_code != 200:
-                    detail = (await resp.aread()).decode(errors="replace")[:500]
-                    msg = f"HTTP {resp.status_code} for {key}: {detail}"
-                    if 400 <= resp.status_code < 500:
-                        raise RemoteRejectedError(msg)
-                    raise RemoteRequestError(msg)
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    data = line[6:]
-                    if data.strip() == "[DONE]":
-                        break
-                    chunk = json.loads(data)
-                    usage = chunk.get("usage") or usage
-                    for choice in chunk.get("choices") or ():
-                        delta = (choice.get("delta") or {}).get("content") or ""
-                        if delta:
-                            st.deltas += 1
-                            st.queue.put_nowait(EngineOutput(delta))
-                        text_reason = choice.get("finish_reason") or text_reason
-            st.queue.put_nowait(
-                EngineOutput(
-                    "",
-                    finished=True,
-                    finish_reason="length" if text_reason == "length" else "stop",
-                    prompt_tokens=int(usage.get("prompt_tokens", 0)),
-                    completion_tokens=int(usage.get("completion_tokens", 0)),
-                )
+        async with self._client.stream("POST", "/v1/chat/completions", json=body) as resp:
+            if resp.status_code != 200:
+                detail = (await resp.aread()).decode(errors="replace")[:500]
+                msg = f"HTTP {resp.status_code} for {key}: {detail}"
+                if 400 <= resp.status_code < 500:
+                    raise RemoteRejectedError(msg)
+                raise RemoteRequestError(msg)
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data.strip() == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices") or ():
+                    delta = (choice.get("delta") or {}).get("content") or ""
+                    if delta:
+                        st.deltas += 1
+                        st.queue.put_nowait(EngineOutput(delta))
+                    text_reason = choice.get("finish_reason") or text_reason
+        st.queue.put_nowait(
+            EngineOutput(
+                "",
+                finished=True,
+                finish_reason="length" if text_reason == "length" else "stop",
+                prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                completion_tokens=int(usage.get("completion_tokens", 0)),
             )
-        except asyncio.CancelledError:
-            raise
-        except _DEAD as e:
-            st.queue.put_nowait(EngineDeadError(f"remote engine {self.cfg.base_url} failed: {e!r}"))
-        except Exception as e:  # handed to the consumer, which re-raises it in its own task
-            st.queue.put_nowait(e)
+        )
+
+    async def health(self) -> str | None:
+        """Dead once ``/health`` has failed (no answer, or not 200) for ``dead_after_s`` on end."""
+        if self._client is None:
+            return "remote engine is not started"
+        try:
+            resp = await self._client.get("/health", timeout=self.cfg.health_timeout_s)
+            ok, why = resp.status_code == 200, f"HTTP {resp.status_code}"
+        except httpx.HTTPError as e:
+            ok, why = False, repr(e)
+        now = time.monotonic()
+        if ok:
+            self._failing_since = None
+            return None
+        if self._failing_since is None:
+            self._failing_since = now
+            log.warning("remote engine %s: /health failed (%s)", self.cfg.base_url, why)
+        down_s = now - self._failing_since
+        if down_s >= self.cfg.dead_after_s:
+            return f"remote engine {self.cfg.base_url}: /health failing for {down_s:.0f} s ({why})"
+        return None
 
     async def generate(self, request: StageRequest, key: str, priority: int) -> AsyncIterator[EngineOutput]:
         if self._client is None:

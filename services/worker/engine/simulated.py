@@ -68,7 +68,10 @@ class SimulatedEngine:
         max_num_seqs: int | None = None,
         time_scale: float = 1.0,
         lengths: LengthModel | None = None,
+        fault_die_after_s: float | None = None,
     ) -> None:
+        """``fault_die_after_s`` is FAULT INJECTION for tests: the step loop dies that long after start, as a
+        real engine process would (running requests fail with EngineDeadError; health() says why)."""
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.model = model
@@ -82,6 +85,9 @@ class SimulatedEngine:
         self._arrivals = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._fault_die_after_s = fault_die_after_s
+        self._fault: asyncio.TimerHandle | None = None
+        self._died: str | None = None
         # Instrument readings, for tests and benchmarks.
         self.steps = 0
         self.max_batch_seen = 0
@@ -91,6 +97,9 @@ class SimulatedEngine:
     async def start(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._loop(), name=f"simulated-engine-{self.model}")
+            self._died = None
+            if self._fault_die_after_s is not None:
+                self._fault = asyncio.get_running_loop().call_later(self._fault_die_after_s, self.kill)
             log.info(
                 "simulated engine (a measuring instrument) for %s: max_num_seqs=%d time_scale=%g profile=%s",
                 self.model,
@@ -99,7 +108,28 @@ class SimulatedEngine:
                 self._profile.to_json(),
             )
 
+    def kill(self, reason: str = "fault injection: the simulated engine was killed") -> None:
+        """Die as an engine process does (tests): the step loop stops and every request fails."""
+        if self._task is None or self._task.done():
+            return
+        log.error("simulated engine %s: %s", self.model, reason)
+        self._died = reason
+        self._task.cancel()
+        self._fail_all(EngineDeadError(reason))
+
+    async def health(self) -> str | None:
+        if self._died is not None:
+            return self._died
+        if self._task is None:
+            return "simulated engine is not started"
+        if self._task.done():
+            return "simulated engine step loop stopped"
+        return None
+
     async def stop(self) -> None:
+        if self._fault is not None:
+            self._fault.cancel()
+            self._fault = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -227,6 +257,7 @@ class SimulatedEngine:
             raise
         except Exception as exc:  # a bug in the instrument: fail every request rather than hang them
             log.exception("simulated engine step loop crashed")
+            self._died = f"simulated engine crashed: {exc!r}"
             self._fail_all(EngineDeadError(f"simulated engine crashed: {exc!r}"))
 
     def _emit(self, seq: _Seq) -> None:

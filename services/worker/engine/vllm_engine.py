@@ -189,6 +189,19 @@ class VllmEngine:
     def running(self) -> int:
         return len(self._active)
 
+    async def health(self) -> str | None:
+        # AsyncLLM flags itself errored once its engine-core process is gone; check_health raises then too.
+        llm = self._llm
+        if llm is None:
+            return "vllm engine is not started"
+        if llm.errored:
+            return f"vllm engine {self.model} is dead (engine core gone)"
+        try:
+            await llm.check_health()
+        except Exception as e:  # vLLM's EngineDeadError or whatever the dead core left behind
+            return f"vllm engine {self.model} failed its health check: {e!r}"
+        return None
+
     def profile(self) -> EngineProfile | None:
         # A real engine's profile is measured (services.worker.profiling), never assumed.
         return None
