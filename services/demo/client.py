@@ -66,10 +66,13 @@ async def run_stage(
         workflow=run.workflow.name,
         messages=[pb.ChatMessage(role=m.role, content=m.content) for m in messages],
         sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0),
+        # Every try of the stage carries one id: a retry after a broken stream re-attaches to the request.
+        request_id=f"{run.program_id}-s{stage}",
     )
     t0 = time.monotonic()
     final: pb.Completion | None = None
     # A first stage the pool is too full for is refused before it produces anything: come back when told.
+    # A broken stream (UNAVAILABLE) is tried again and gets the same request's events from the start.
     async for attempt in retry.retrying():
         with attempt:
             try:

@@ -20,6 +20,7 @@ from services.sdk.errors import (
     StageConflictError,
     UnavailableError,
 )
+from services.sdk.retry import NO_RETRY, RetryPolicy
 from services.sdk.types import (
     Completion,
     DispatchTimings,
@@ -35,6 +36,8 @@ from services.sdk.workflow import AsyncWorkflow, Workflow
 
 __all__ = [
     "AsyncClient",
+    "NO_RETRY",
+    "RetryPolicy",
     "AsyncWorkflow",
     "ChimeraError",
     "Client",

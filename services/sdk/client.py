@@ -6,6 +6,7 @@ failure surfaces as a ``ChimeraError`` subclass chosen by its status code (``ser
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
 from types import TracebackType
 
@@ -15,6 +16,7 @@ from chimera.dispatcher.v1 import dispatcher_pb2 as pb
 from chimera.dispatcher.v1 import dispatcher_pb2_grpc
 from services.sdk import _convert
 from services.sdk.errors import from_rpc_error
+from services.sdk.retry import Replay, RetryPolicy
 from services.sdk.types import (
     Completion,
     MessageLike,
@@ -27,6 +29,11 @@ from services.sdk.types import (
 from services.sdk.workflow import AsyncWorkflow, Workflow
 
 DEFAULT_ADDR = "127.0.0.1:50051"
+
+
+def new_request_id() -> str:
+    """The id every try of one stage carries, so that a retry re-attaches instead of running it again."""
+    return f"sdk-{uuid.uuid4().hex}"
 
 
 def _last(events: Iterable[TextDelta | Completion]) -> Completion:
@@ -42,11 +49,20 @@ def _last(events: Iterable[TextDelta | Completion]) -> Completion:
 class AsyncClient:
     """``async with AsyncClient(addr) as client``; one channel, safe to share between tasks."""
 
-    def __init__(self, addr: str = DEFAULT_ADDR, *, default_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        addr: str = DEFAULT_ADDR,
+        *,
+        default_timeout_s: float | None = None,
+        retry: RetryPolicy = RetryPolicy(),
+    ) -> None:
+        """``retry``: what a stage does when the pool is busy or the connection breaks (``NO_RETRY``:
+        every failure surfaces at once)."""
         self.addr = addr
         self._channel = grpc.aio.insecure_channel(addr)
         self._stub = dispatcher_pb2_grpc.DispatcherStub(self._channel)
         self._timeout_s = default_timeout_s
+        self._retry = retry
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -71,7 +87,11 @@ class AsyncClient:
         request_id: str | None = None,
         timeout_s: float | None = None,
     ) -> AsyncIterator[TextDelta | Completion]:
-        """Text deltas as they are generated, then exactly one ``Completion``."""
+        """Text deltas as they are generated, then exactly one ``Completion``.
+
+        A busy pool or a broken connection is retried (``RetryPolicy``) with the same ``request_id`` (one
+        is made up when none is given), which re-attaches to the request: the caller sees each piece of
+        text once, however many tries it took."""
         req = _convert.generate_request(
             to_messages(messages),
             program_id=program_id,
@@ -79,9 +99,25 @@ class AsyncClient:
             workflow=workflow,
             model=model,
             sampling=sampling,
-            request_id=request_id,
+            request_id=request_id or new_request_id(),
             timeout_s=timeout_s,
         )
+        replay = Replay()
+        # NOTE(sdk-retry): yielding inside tenacity's attempt is safe: a caller that stops reading raises
+        # GeneratorExit (or CancelledError) here, which no policy retries, so it is re-raised at once.
+        async for attempt in self._retry.retrying():
+            with attempt:
+                replay.new_try()
+                async for ev in self._one_try(req, timeout_s):
+                    if isinstance(ev, TextDelta):
+                        if text := replay.fresh(ev.text, ev.attempt):
+                            yield TextDelta(text, ev.attempt)
+                    else:
+                        yield ev
+
+    async def _one_try(
+        self, req: pb.GenerateRequest, timeout_s: float | None
+    ) -> AsyncIterator[TextDelta | Completion]:
         call = self._stub.Generate(req, timeout=_convert.call_timeout(timeout_s, self._timeout_s))
         try:
             async for resp in call:
@@ -143,11 +179,18 @@ class AsyncClient:
 class Client:
     """Blocking twin of ``AsyncClient``, for scripts and threads."""
 
-    def __init__(self, addr: str = DEFAULT_ADDR, *, default_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        addr: str = DEFAULT_ADDR,
+        *,
+        default_timeout_s: float | None = None,
+        retry: RetryPolicy = RetryPolicy(),
+    ) -> None:
         self.addr = addr
         self._channel = grpc.insecure_channel(addr)
         self._stub = dispatcher_pb2_grpc.DispatcherStub(self._channel)
         self._timeout_s = default_timeout_s
+        self._retry = retry
 
     def __enter__(self) -> Client:
         return self
@@ -179,9 +222,21 @@ class Client:
             workflow=workflow,
             model=model,
             sampling=sampling,
-            request_id=request_id,
+            request_id=request_id or new_request_id(),
             timeout_s=timeout_s,
         )
+        replay = Replay()
+        for attempt in self._retry.retrying_sync():
+            with attempt:
+                replay.new_try()
+                for ev in self._one_try(req, timeout_s):
+                    if isinstance(ev, TextDelta):
+                        if text := replay.fresh(ev.text, ev.attempt):
+                            yield TextDelta(text, ev.attempt)
+                    else:
+                        yield ev
+
+    def _one_try(self, req: pb.GenerateRequest, timeout_s: float | None) -> Iterator[TextDelta | Completion]:
         call = self._stub.Generate(req, timeout=_convert.call_timeout(timeout_s, self._timeout_s))
         try:
             for resp in call:
