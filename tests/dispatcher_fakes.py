@@ -68,8 +68,10 @@ async def fake_worker(store: QueueStore, engine: str, stop: asyncio.Event) -> No
             if "hold" in c.request.user_text():
                 held[c.request.request_id] = c
                 continue
+            end = 0
             for part in ("Hel", "lo"):
-                await store.publish_delta(engine, c.request.request_id, c.attempt, part)
+                end += len(part)
+                await store.publish_delta(engine, c.request.request_id, c.attempt, part, end)
             await store.complete(c, StageResult("Hello", "stop", 7, 2), None)
         if held:
             renewed = await store.renew(engine, {rid: c.attempt for rid, c in held.items()}, 10)

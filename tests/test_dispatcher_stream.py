@@ -73,12 +73,14 @@ async def test_rerun_after_worker_death_streams_the_winning_attempt(
     d = await dispatcher.dispatch(_req("r1"))
     reader = asyncio.create_task(_drain(dispatcher, d))
     first = (await store.claim("e0", "dying-worker", 1, lease_s=0.05))[0]
-    await store.publish_delta("e0", "r1", first.attempt, "old-")
+    assert await store.publish_delta("e0", "r1", first.attempt, "old-", 4)
+    assert not await store.publish_delta("e0", "r1", first.attempt, "old-", 4)  # a retried write
     await asyncio.sleep(0.1)
     assert await reap_once(store, redis_client) == {"e0": ["r1"]}
     second = (await store.claim("e0", "fresh-worker", 1, lease_s=10))[0]
-    await store.publish_delta("e0", "r1", second.attempt, "new")
-    await store.publish_delta("e0", "r1", first.attempt, "late")  # the dead worker's last gasp
+    assert await store.publish_delta("e0", "r1", second.attempt, "new", 3)
+    # The dead worker's last gasp is fenced off where it is written.
+    assert not await store.publish_delta("e0", "r1", first.attempt, "late", 8)
     assert not await store.complete(first, StageResult("stale", "stop", 1, 1), None)
     assert await store.complete(second, StageResult("new", "stop", 3, 1), None)
     items = await asyncio.wait_for(reader, 10)

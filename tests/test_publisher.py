@@ -1,5 +1,6 @@
 """The worker's delta publisher with a fake store (records what would be published): a request flushed
-alone takes only its own text, the others wait for the shared flush, and order within a request holds."""
+alone takes only its own text, the others wait for the shared flush, order within a request holds, and
+each delta carries its end offset."""
 
 from __future__ import annotations
 
@@ -20,14 +21,16 @@ class Job:
     request_id: str
     attempt: int = 1
     stale: bool = False
+    published: int = 0
 
 
 class FakeStore:
     def __init__(self) -> None:
-        self.calls: list[list[tuple[str, int, str]]] = []
+        self.calls: list[list[tuple[str, int, str, int]]] = []
 
-    async def publish_deltas(self, engine: str, items: Sequence[tuple[str, int, str]]) -> None:
+    async def publish_deltas(self, engine: str, items: Sequence[tuple[str, int, str, int]]) -> list[bool]:
         self.calls.append(list(items))
+        return [True] * len(items)
 
 
 def _publisher() -> tuple[DeltaPublisher, FakeStore]:
@@ -43,10 +46,11 @@ async def test_a_request_flushed_alone_leaves_the_others_for_the_shared_flush() 
     pub.add(a, "a2")
     pub.add(gone, "x")
     await pub.flush(a)
-    assert store.calls == [[("a", 1, "a1a2")]]
+    assert store.calls == [[("a", 1, "a1a2", 4)]]
     pub.add(a, "a3")
     await pub.flush()
-    assert store.calls[1] == [("b", 1, "b1"), ("a", 1, "a3")]  # a stale attempt writes nothing
+    # A stale attempt writes nothing; each delta says where its request's text ends with it.
+    assert store.calls[1] == [("b", 1, "b1", 2), ("a", 1, "a3", 6)]
     await pub.flush(b)
     await pub.flush()
     assert len(store.calls) == 2  # nothing was left to send

@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 
 from services.common.keys import Keys
 from services.common.queue import QueueStore
+from services.common.types import ChatMessage, Prediction, SamplingParams, StageRequest
 from services.dispatcher.hub import StreamHub
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -20,10 +21,29 @@ pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 BLOCK_MS = 5000  # far above anything a delivery should take
 
 
+async def _publish(store: QueueStore, engine: str, rid: str, text: str) -> None:
+    """A delta of a running request (PUBLISH writes only for the attempt that holds it): queued and
+    claimed first if it is not running yet."""
+    if not await store.redis.exists(store.keys.request(engine, rid)):
+        req = StageRequest(
+            request_id=rid,
+            program_id=f"p-{rid}",
+            stage=0,
+            workflow="code/coder",
+            messages=(ChatMessage("user", "hi"),),
+            sampling=SamplingParams(max_tokens=16),
+        )
+        assert await store.enqueue(engine, req, Prediction(5, 5), 1.0, time.time(), {})
+        assert [c.request.request_id for c in await store.claim(engine, "w", 1, lease_s=30)] == [rid]
+    sent = await store.redis.hget(store.keys.request(engine, rid), "sent")
+    end = int(sent.split(":")[1]) if sent else 0
+    assert await store.publish_delta(engine, rid, 1, text, end + len(text))
+
+
 async def _first_event_s(hub: StreamHub, store: QueueStore, engine: str, rid: str) -> float:
     async with hub.subscribe(engine, rid) as sub:
         t0 = time.perf_counter()
-        await store.publish_delta(engine, rid, 1, "hello")
+        await _publish(store, engine, rid, "hello")
         events = await hub.next(sub, BLOCK_MS / 1000)
         assert [e.data.get("text") for e in events] == ["hello"]
         return time.perf_counter() - t0
@@ -69,11 +89,11 @@ async def test_a_copy_the_hub_delivers_during_the_backlog_read_loses_nothing(
         async with hub.subscribe("e0", "other"):
             await asyncio.sleep(0.2)
             # The first delta's copy reaches the hub before anyone subscribed to "r": it is dropped there.
-            await store.publish_delta("e0", "r", 1, "one ")
+            await _publish(store, "e0", "r", "one ")
             await asyncio.sleep(0.3)
 
             async def second_arrives_via_the_hub() -> None:
-                await store.publish_delta("e0", "r", 1, "two")
+                await _publish(store, "e0", "r", "two")
                 await asyncio.sleep(0.3)
 
             store.during.append(second_arrives_via_the_hub)

@@ -240,27 +240,32 @@ class QueueStore:
         lost, cancelled = await self._renew(keys=[self._k.claims(engine)], args=args)
         return RenewResult(frozenset(lost), frozenset(cancelled))
 
-    async def publish_delta(self, engine: str, request_id: str, attempt: int, text: str) -> None:
-        await self.publish_deltas(engine, [(request_id, attempt, text)])
+    async def publish_delta(self, engine: str, request_id: str, attempt: int, text: str, end: int) -> bool:
+        """One delta (see ``publish_deltas``); False if the attempt no longer holds the request or the
+        delta is already in."""
+        return (await self.publish_deltas(engine, [(request_id, attempt, text, end)]))[0]
 
-    async def publish_deltas(self, engine: str, items: Sequence[tuple[str, int, str]]) -> None:
-        """Append one delta each to requests' output streams, (request id, attempt, text), and notify, in
-        one round trip. A stream lives ``queue_ttl_s`` past its last event."""
+    async def publish_deltas(self, engine: str, items: Sequence[tuple[str, int, str, int]]) -> list[bool]:
+        """Append one delta each to requests' output streams, (request id, attempt, text, the attempt's
+        text length with it), and notify, in one round trip. A stream lives ``queue_ttl_s`` past its last
+        event. Each is written only while its attempt holds the running request, and once."""
         r, k = self.retention, self._k
         pipe = self._r.pipeline(transaction=False)
-        for rid, attempt, text in items:
+        for rid, attempt, text, end in items:
             await self._publish(
-                keys=[k.output(engine, rid), k.notify(engine)],
+                keys=[k.output(engine, rid), k.notify(engine), k.request(engine, rid)],
                 args=[
                     rid,
                     _ev(t="delta", a=attempt, text=text),
                     r.stream_maxlen,
                     r.queue_ttl_s,
                     r.notify_maxlen,
+                    attempt,
+                    end,
                 ],
                 client=pipe,
             )
-        await pipe.execute()
+        return [bool(x) for x in await pipe.execute()]
 
     async def complete(
         self,

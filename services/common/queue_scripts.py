@@ -44,13 +44,24 @@ local function emit(out, notify, rid, ev, ttl, notify_maxlen, maxlen)
 end
 """
 
-# KEYS: output, notify
-# ARGV: id, event_json, stream_maxlen, ttl_s, notify_maxlen
+# KEYS: output, notify, req
+# ARGV: id, event_json, stream_maxlen, ttl_s, notify_maxlen, attempt, end
 # Appends one delta event to a request's output stream (which expires ttl_s after its last event) and
-# notifies. Returns 1.
+# notifies, only while ``attempt`` holds the running request: a worker whose lease was lost (its request
+# re-run elsewhere) cannot write into the stream the new attempt is filling, so no reader ever gets two
+# attempts' text. ``end`` is the attempt's text length once this delta is in; the request keeps the last
+# one written ('sent' = "attempt:end"), so a write retried after its reply was lost is not appended twice.
+# Returns 1 if appended, 0 if fenced off.
 PUBLISH = (
     _EMIT
     + """
+local f = redis.call('HMGET', KEYS[3], 'attempt', 'state', 'sent')
+if f[1] ~= ARGV[6] or f[2] ~= 'running' then return 0 end
+if f[3] then
+  local a, e = string.match(f[3], '^(%d+):(%d+)$')
+  if a == ARGV[6] and tonumber(e) >= tonumber(ARGV[7]) then return 0 end
+end
+redis.call('HSET', KEYS[3], 'sent', ARGV[6] .. ':' .. ARGV[7])
 emit(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[4], ARGV[5], ARGV[3])
 return 1
 """

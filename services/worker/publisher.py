@@ -6,7 +6,8 @@ step. So requests never write their own deltas: they append to the publisher, wh
 pending every ``interval_s`` (or sooner once ``max_chars`` wait) as one pipeline of PUBLISH scripts: one
 stream entry per request per flush, whatever the batch size and the token rate. The worker flushes a
 request's first text at once, so coalescing never delays the time to first token, and flushes a request's
-own pending text before its completion, which keeps every delta ahead of its final event.
+own pending text before its completion, which keeps every delta ahead of its final event. The store
+writes a delta only while its attempt holds the request (``queue_scripts.PUBLISH``), and once.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ class Source(Protocol):
     def stale(self) -> bool:
         """Its lease is gone: a stale attempt must not write into the stream of the one replacing it."""
         ...
+
+    # Characters of its text published so far: each delta is sent with where it ends, which makes a
+    # retried write idempotent (PUBLISH drops a delta that is already in).
+    published: int
 
 
 @dataclass(eq=False)
@@ -82,9 +87,13 @@ class DeltaPublisher:
                 one = self._pending.pop(id(source), None)
                 batch = [one] if one is not None else []
                 self._chars -= sum(len(part) for p in batch for part in p.parts)
-            items = [
-                (p.source.request_id, p.source.attempt, "".join(p.parts)) for p in batch if not p.source.stale
-            ]
+            items = []
+            for p in batch:
+                if p.source.stale:
+                    continue
+                text = "".join(p.parts)
+                p.source.published += len(text)
+                items.append((p.source.request_id, p.source.attempt, text, p.source.published))
             if items:
                 await self._store.publish_deltas(self._engine, items)
                 self.flushes += 1

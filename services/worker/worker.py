@@ -13,8 +13,9 @@ original score, and the attempt number fences every write of the stale attempt.
 NOTE(engine health): the heartbeat carries the engine's health, probed on every tick, so an engine that dies
 while idle is seen as soon as one that dies under a request. A dead engine makes the worker unhealthy at
 once: it stops claiming, marks the engine dead in its heartbeat (the dispatcher stops routing to it and the
-health probe fails), hands its claims back to the queue (RETURN_CLAIMS: only those the engine had started
-are charged with the death), and exits non-zero so that its supervisor restarts it with a fresh engine.
+health probe fails), hands its claims back to the queue (RETURN_CLAIMS: only those already handed to the
+engine, running or waiting inside it, are charged with the death: any of them may be what killed it, while
+a claim the engine never saw cannot have), and exits non-zero so that its supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ class _Job:
     # Its final event is being written: a renewal that finds it no longer running raced the completion,
     # not a lost lease (it used to log "lease lost" and abort a request that had just finished).
     finishing: bool = False
+    published: int = 0  # characters of its text the publisher has sent
     task: asyncio.Task[None] | None = None
 
     @property
