@@ -13,7 +13,7 @@ from services.common.types import ChatMessage, EngineProfile, SamplingParams, St
 from services.dispatcher.clients import UpstreamError, prediction_from_quantiles
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.errors import InvalidRequest, RequestTooLarge
-from services.dispatcher.intake import stage_request
+from services.dispatcher.intake import request_seed, stage_request
 from services.dispatcher.server import intake_of
 from services.dispatcher.validate import Limits, validate_request
 
@@ -71,7 +71,10 @@ def test_proto_conversion_fills_defaults() -> None:
     )
     req = stage_request(intake_of(msg), msg.stage, settings, now=1000.0)
     assert req.request_id and req.model_pin is None
-    assert (req.sampling.max_tokens, req.sampling.top_p, req.sampling.seed) == (77, 1.0, None)
+    assert (req.sampling.max_tokens, req.sampling.top_p) == (77, 1.0)
+    # No seed given: one from the request id, the same for every retry of it and for a re-run.
+    assert req.sampling.seed == request_seed(req.request_id) == request_seed(str(req.request_id))
+    assert request_seed("a") != request_seed("b") and 0 <= request_seed("a") < 2**31
     assert (req.received_unix, req.deadline_unix) == (1000.0, 1001.5)
     msg.model, msg.request_id, msg.timeout_ms = "m-7b", "given", 0
     msg.sampling.seed = 0

@@ -7,6 +7,7 @@ received time are decided here, once.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,11 +45,20 @@ def next_stage(program: Mapping[str, str]) -> int:
     return 0 if last is None else int(last) + 1
 
 
+def request_seed(request_id: str) -> int:
+    """The sampling seed of a request whose caller gave none, from its id: a re-run after a worker died
+    (or a client's retry) samples the same text on the same engine, so the caller's stream can go on
+    where it stopped instead of failing. Distinct ids get unrelated seeds, so the randomness a caller
+    asked for with a temperature is still there across requests."""
+    return int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=4).digest(), "big") >> 1
+
+
 def stage_request(intake: Intake, stage: int, settings: DispatcherSettings, now: float) -> StageRequest:
     """The ``StageRequest`` both doors dispatch (validation is the dispatcher's, right after)."""
     model = intake.model.strip()
+    request_id = intake.request_id or uuid.uuid4().hex
     return StageRequest(
-        request_id=intake.request_id or uuid.uuid4().hex,
+        request_id=request_id,
         program_id=intake.program_id,
         stage=stage,
         workflow=intake.workflow,
@@ -57,7 +67,7 @@ def stage_request(intake: Intake, stage: int, settings: DispatcherSettings, now:
             max_tokens=intake.max_tokens or settings.max_tokens_default,
             temperature=intake.temperature,
             top_p=intake.top_p,
-            seed=intake.seed,
+            seed=intake.seed if intake.seed is not None else request_seed(request_id),
             stop=intake.stop,
         ),
         model_pin=None if model in ("", AUTO_MODEL) else model,
