@@ -12,7 +12,7 @@ from pydantic_settings import SettingsConfigDict
 
 from services.common.config import CommonSettings
 from services.common.types import EngineProfile
-from services.worker.worker import WorkerOptions
+from services.worker.options import WorkerOptions
 
 
 class WorkerSettings(CommonSettings):

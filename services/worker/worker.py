@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
@@ -41,63 +40,12 @@ from services.worker.engine.base import (
     EngineUnavailableError,
 )
 from services.worker.metrics import WorkerMetrics
+from services.worker.options import Job, WorkerOptions
 from services.worker.publisher import DeltaPublisher
 
+__all__ = ["Worker", "WorkerOptions"]  # WorkerOptions lives in options.py; callers import it from here too
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerOptions:
-    engine_id: str
-    kind: str
-    worker_id: str
-    prefetch: int = 2
-    lease_s: float = 10.0
-    grace_s: float = 30.0
-    heartbeat_s: float = 1.0
-    claim_wait_s: float = 0.5
-    # Deltas are coalesced across every running request (publisher.py): one flush every publish_interval_s,
-    # sooner once publish_chars wait; a request's first text goes out at once.
-    publish_interval_s: float = 0.05
-    publish_chars: int = 65536
-    # A request running longer than this is aborted (a runaway generation must not hold a slot forever).
-    max_run_s: float = 3600.0
-    # Tests: drain the queue and return (burst), or stop claiming after this many claims.
-    burst: bool = False
-    max_requests: int | None = None
-    # An engine with neither a stored measured profile nor one of its own (a real engine on first start)
-    # is profiled once before it takes work, so the load balancer can weigh it; the result is stored.
-    profile_on_start: bool = True
-    # Distinct worker deaths a request may be running in before it is failed as poison (queue_scripts);
-    # registered with the engine so that every reaper of it applies this worker's limit.
-    max_attempts: int = 3
-
-
-@dataclass(eq=False)
-class _Job:
-    claimed: ClaimedRequest
-    key: str  # the engine's request key, unique per attempt
-    started: bool = False
-    lost: bool = False  # the lease is gone (re-run elsewhere): drop silently
-    cancel: bool = False  # the client cancelled: abort and complete as cancelled
-    aborted: bool = False
-    # Its final event is being written: a renewal that finds it no longer running raced the completion,
-    # not a lost lease (it used to log "lease lost" and abort a request that had just finished).
-    finishing: bool = False
-    published: int = 0  # characters of its text the publisher has sent
-    task: asyncio.Task[None] | None = None
-
-    @property
-    def request_id(self) -> str:
-        return self.claimed.request.request_id
-
-    @property
-    def attempt(self) -> int:
-        return self.claimed.attempt
-
-    @property
-    def stale(self) -> bool:
-        return self.lost
 
 
 class Worker:
@@ -115,7 +63,7 @@ class Worker:
         self._r = redis
         self._engine = engine
         self._o = opts
-        self._held: dict[str, _Job] = {}
+        self._held: dict[str, Job] = {}
         self._stop = asyncio.Event()
         self._slot_freed = asyncio.Event()
         # Background loops stop on this event rather than by cancellation: a cancel that lands inside a
@@ -124,7 +72,7 @@ class Worker:
         self._fatal: EngineDeadError | None = None
         self._reg: registration.Registration | None = None  # re-written by a heartbeat that finds it gone
         # Jobs whose engine died under them: their claims go back to the queue as the worker exits.
-        self._orphans: list[_Job] = []
+        self._orphans: list[Job] = []
         self._marking: asyncio.Task[None] | None = None
         self._deltas = DeltaPublisher(queue, opts.engine_id, opts.publish_interval_s, opts.publish_chars)
         self.claimed_total = 0
@@ -169,7 +117,7 @@ class Worker:
                 o.prefetch,
                 o.worker_id,
             )
-            abandoned: list[_Job] = []
+            abandoned: list[Job] = []
             try:
                 await self._admission_loop()
                 abandoned = await self._drain()
@@ -222,7 +170,7 @@ class Worker:
         except RedisError as exc:
             log.warning("could not mark the engine dead: %s", exc)
 
-    async def _hand_back(self, jobs: list[_Job]) -> None:
+    async def _hand_back(self, jobs: list[Job]) -> None:
         """Mark the engine dead once more (after the heartbeat stopped, so nothing overwrites it) and return
         the claims of ``jobs`` to the queue rather than leave them to expire."""
         if self._marking is not None:
@@ -286,12 +234,12 @@ class Worker:
 
     def _start_job(self, c: ClaimedRequest) -> None:
         rid = c.request.request_id
-        job = _Job(claimed=c, key=f"{rid}:{c.attempt}")
+        job = Job(claimed=c, key=f"{rid}:{c.attempt}")
         self._held[rid] = job
         self.claimed_total += 1
         job.task = asyncio.create_task(self._run_job(job), name=f"req-{job.key}")
 
-    async def _drain(self) -> list[_Job]:
+    async def _drain(self) -> list[Job]:
         """Let held requests finish within the grace period (none when the engine is dead); abandon the rest
         to lease expiry, or to ``run``'s hand-back when the engine is dead. Returns those abandoned."""
         tasks = [j.task for j in self._held.values() if j.task is not None]
@@ -312,7 +260,7 @@ class Worker:
             await asyncio.wait(abandoned, timeout=5.0)
         return left
 
-    async def _run_job(self, job: _Job) -> None:
+    async def _run_job(self, job: Job) -> None:
         c = job.claimed
         req = c.request
         try:
@@ -370,7 +318,7 @@ class Worker:
     def _occupancy(self) -> None:
         self._m.occupancy(self._engine.running(), len(self._held))
 
-    async def _generate(self, job: _Job) -> tuple[EngineOutput, str]:
+    async def _generate(self, job: Job) -> tuple[EngineOutput, str]:
         """Run the request on the engine, its text going out through the publisher. Returns the final
         output and the whole text."""
         c = job.claimed
@@ -394,7 +342,7 @@ class Worker:
         await self._deltas.flush(job)  # its deltas ahead of its final event
         return final, "".join(parts)
 
-    async def _complete(self, job: _Job, final: EngineOutput, text: str, run_s: float) -> None:
+    async def _complete(self, job: Job, final: EngineOutput, text: str, run_s: float) -> None:
         c, engine_id, model = job.claimed, self._o.engine_id, self._engine.model
         result = records.stage_result(final, text)
         trace = records.trace_row(c, result, engine_id, model, run_s)
@@ -405,7 +353,7 @@ class Worker:
             log.info("request %s: lease lost before completion, result dropped", job.key)
             self._m.ended("lost")
 
-    async def _abort(self, job: _Job) -> None:
+    async def _abort(self, job: Job) -> None:
         job.aborted = True
         try:
             await self._engine.abort(job.key)
