@@ -1,0 +1,203 @@
+"""The fault benchmark's clients: multi-stage streaming workflows through the SDK, every delta recorded.
+
+Each workflow runs its stages in order (every stage's answer feeds the next, as in ``services.demo``) and
+records, per stage, every streamed delta with its attempt number, the final event, or the error it ended
+with. A stage gets no retry beyond what the SDK itself does for a refusal that says when to come back
+(RESOURCE_EXHAUSTED with retry-after): the benchmark counts what an unaided client sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from bench.faults_count import HUNG, NO_FINAL, StageRecord, WorkflowRecord
+from services.sdk.client import AsyncClient
+from services.sdk.errors import ChimeraError
+from services.sdk.retry import RetryPolicy
+from services.sdk.types import Completion, Sampling, TextDelta
+from services.workload.corpus import Problem
+from services.workload.workflows import WORKFLOWS, Workflow, stage_messages
+
+
+@dataclass(frozen=True, slots=True)
+class DriveConfig:
+    max_tokens: int = 64
+    # A stage with no final event by then is hung: lost, not failed (no error ever told the client).
+    stage_timeout_s: float = 90.0
+    # Overload refusals only (the SDK's RetryPolicy); nothing else is retried.
+    retry_budget_s: float = 20.0
+    end_timeout_s: float = 10.0
+    probe_tokens: int = 4
+    probe_timeout_s: float = 20.0
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    program_id: str
+    workflow: Workflow
+    problem: Problem
+
+
+def plan(
+    problems: Sequence[Problem], n: int, rng: random.Random, prefix: str = "flt", start: int = 0
+) -> list[Plan]:
+    """``n`` workflows cycling through the six types (1 to 4 stages) from ``start``, on random problems."""
+    out = []
+    for i in range(start, start + n):
+        wf = WORKFLOWS[i % len(WORKFLOWS)]
+        pool = [p for p in problems if p.domain == wf.domain] or list(problems)
+        out.append(Plan(f"{prefix}-{uuid.UUID(int=rng.getrandbits(128)).hex[:12]}", wf, rng.choice(pool)))
+    return out
+
+
+class Progress:
+    """Stages answered so far, for the trigger that fires a fault mid-load."""
+
+    def __init__(self) -> None:
+        self.stages_done = 0
+        self.workflows_done = 0
+
+
+async def _stage(
+    client: AsyncClient, p: Plan, stage: int, history: Sequence[str], cfg: DriveConfig, timeout_s: float
+) -> StageRecord:
+    msgs = [(m.role, m.content) for m in stage_messages(p.workflow, stage, p.problem.text, history)]
+    rids: list[str] = []
+    deltas: list[tuple[int, str]] = []
+    final: Completion | None = None
+
+    async def consume() -> None:
+        nonlocal final, deltas
+        async for attempt in RetryPolicy(budget_s=cfg.retry_budget_s).retrying():
+            with attempt:
+                # A fresh id per try: a refused try leaves nothing, but the trace check wants one id per try.
+                rid = f"{p.program_id}-s{stage}-t{len(rids)}"
+                rids.append(rid)
+                deltas = []
+                async for ev in client.stream(
+                    msgs,
+                    program_id=p.program_id,
+                    stage=stage,
+                    workflow=p.workflow.name,
+                    sampling=Sampling(max_tokens=cfg.max_tokens),
+                    request_id=rid,
+                ):
+                    if isinstance(ev, TextDelta):
+                        deltas.append((ev.attempt, ev.text))
+                    else:
+                        final = ev
+
+    code: str | None = None
+    error = ""
+    try:
+        await asyncio.wait_for(consume(), timeout_s)
+    except TimeoutError:
+        code, error = HUNG, f"no final event after {timeout_s:.0f} s"
+    except ChimeraError as exc:
+        code, error = exc.code, exc.details
+    except Exception as exc:  # anything else the client met is still a result to record
+        code, error = type(exc).__name__, str(exc)
+    if code is None and final is None:
+        code, error = NO_FINAL, "the stream ended without a final event"
+    return StageRecord(
+        stage=stage,
+        request_ids=tuple(rids),
+        deltas=tuple(deltas),
+        final_text=final.text if final is not None else None,
+        finish_reason=final.finish_reason if final is not None else "",
+        attempts=final.attempts if final is not None else 0,
+        engine=final.engine if final is not None else "",
+        error_code=code,
+        error=error[:300],
+    )
+
+
+async def run_workflow(
+    client: AsyncClient,
+    p: Plan,
+    cfg: DriveConfig,
+    progress: Progress | None = None,
+    deadline: float | None = None,
+) -> WorkflowRecord:
+    """Run every stage; a stage still unanswered at ``deadline`` (monotonic) is hung, so a run always ends."""
+    t0 = time.monotonic()
+    stages: list[StageRecord] = []
+    history: list[str] = []
+    try:
+        for i in range(p.workflow.n_stages):
+            left = cfg.stage_timeout_s if deadline is None else deadline - time.monotonic()
+            s = await _stage(client, p, i, history, cfg, max(0.1, min(cfg.stage_timeout_s, left)))
+            stages.append(s)
+            if s.error_code is not None or s.final_text is None:
+                break
+            history.append(s.final_text)
+            if progress is not None:
+                progress.stages_done += 1
+    finally:
+        # EndProgram's answer is not counted: the program table's residue after the drain says whether it
+        # was lost. Shielded so that a harness timeout still ends the program.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(client.end_program(p.program_id)), cfg.end_timeout_s)
+        if progress is not None:
+            progress.workflows_done += 1
+    return WorkflowRecord(
+        p.program_id, p.workflow.name, p.workflow.n_stages, tuple(stages), t0, time.monotonic()
+    )
+
+
+async def probe(addr: str, cfg: DriveConfig) -> bool:
+    """One new one-stage workflow on a fresh channel (a channel that saw the door die may sit in gRPC's
+    reconnect backoff, which would measure the client, not the server)."""
+    pid = f"probe-{uuid.uuid4().hex[:12]}"
+    wf = WORKFLOWS[2]
+    async with AsyncClient(addr) as client:
+        try:
+            c = await client.generate(
+                f"probe {pid}",
+                program_id=pid,
+                stage=0,
+                workflow=wf.name,
+                sampling=Sampling(max_tokens=cfg.probe_tokens),
+                timeout_s=cfg.probe_timeout_s,
+            )
+            ok = bool(c.text) and c.finish_reason != "cancelled"
+        except Exception:
+            ok = False
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(client.end_program(pid), cfg.end_timeout_s)
+    return ok
+
+
+async def time_to_serve(
+    addr: str, cfg: DriveConfig, fired_at: Callable[[], float | None], limit_s: float, every_s: float = 0.5
+) -> float | None:
+    """Seconds from the fault until a probe started after it succeeds; None if none does within
+    ``limit_s``. Probes start every ``every_s`` and overlap, so one stuck probe does not hide recovery."""
+    while fired_at() is None:
+        await asyncio.sleep(0.02)
+    t_fault = fired_at()
+    assert t_fault is not None
+    done: asyncio.Queue[float] = asyncio.Queue()
+    tasks: list[asyncio.Task[None]] = []
+
+    async def one() -> None:
+        if await probe(addr, cfg):
+            done.put_nowait(time.monotonic())
+
+    try:
+        while time.monotonic() - t_fault < limit_s:
+            tasks.append(asyncio.create_task(one()))
+            with contextlib.suppress(TimeoutError):
+                t_ok = await asyncio.wait_for(done.get(), every_s)
+                return round(t_ok - t_fault, 2)
+        return None
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,101 @@
+"""The soak: one stack, mixed workflows kept in flight for minutes, a random component killed every 30-60 s.
+
+The same counters as the one-fault runs, over every workflow started in the soak, plus each fault's time
+until new work is served again. New workflows stop at the end of the soak; those in flight get their budget
+to finish, then the accounting must drain to zero like after any run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from bench.faults_count import count
+from bench.faults_drive import plan, time_to_serve
+from bench.faults_inject import FAULTS, FaultEnv, Injection
+from bench.faults_stack import Load, RunConfig, drain, log_errors, traced
+from services.launcher.stack import Stack
+from services.sdk.client import AsyncClient
+from services.workload.corpus import Problem
+
+
+@dataclass(frozen=True, slots=True)
+class SoakConfig:
+    minutes: float = 20.0
+    concurrency: int = 16  # workflows kept in flight
+    every_s: tuple[float, float] = (30.0, 60.0)  # a fault every uniform(lo, hi) seconds
+    kinds: tuple[str, ...] = tuple(k for k in FAULTS if k != "engine_crash")  # armed at start only
+
+
+async def _fault(env: FaultEnv, stack: Stack, kind: str, cfg: RunConfig, t0: float) -> dict[str, Any]:
+    env.fired_at = None
+    fault = asyncio.create_task(asyncio.to_thread(FAULTS[kind], env))
+    recovery = asyncio.create_task(
+        time_to_serve(stack.dispatcher_addr, cfg.drive, lambda: env.fired_at, cfg.recovery_limit_s)
+    )
+    try:
+        injection = await fault
+    except Exception as exc:  # recorded, and the soak goes on
+        injection = Injection(kind, False, note=f"injection failed: {type(exc).__name__}: {exc}")
+    if not injection.injectable:
+        recovery.cancel()
+    try:
+        recovery_s = await recovery
+    except asyncio.CancelledError:
+        recovery_s = None
+    return {
+        "at_s": round((env.fired_at or time.monotonic()) - t0, 1),
+        "injection": asdict(injection),
+        "recovery_s": recovery_s,
+    }
+
+
+async def run_soak(
+    stack: Stack, env: FaultEnv, problems: Sequence[Problem], cfg: RunConfig, soak: SoakConfig
+) -> dict[str, Any]:
+    rng = random.Random(cfg.seed)
+    load = Load(stack.dispatcher_addr, cfg.drive)
+    t0 = time.monotonic()
+    end = t0 + soak.minutes * 60
+    faults: list[dict[str, Any]] = []
+
+    async def chaos() -> None:
+        while True:
+            wait = rng.uniform(*soak.every_s)
+            if time.monotonic() + wait >= end:
+                return
+            await asyncio.sleep(wait)
+            faults.append(await _fault(env, stack, rng.choice(soak.kinds), cfg, t0))
+
+    async with AsyncClient(stack.dispatcher_addr) as client:
+        chaos_task = asyncio.create_task(chaos())
+        running: set[asyncio.Task[None]] = set()
+        started = 0
+        while time.monotonic() < end:
+            while len(running) < soak.concurrency:
+                (p,) = plan(problems, 1, rng, prefix="soak", start=started)
+                started += 1
+                task = asyncio.create_task(load.one(client, p, time.monotonic() + cfg.workflow_budget_s))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            await asyncio.sleep(0.1)
+        await chaos_task
+        await asyncio.gather(*running)
+    left, drained_s = await drain(stack, env.keys, cfg.drain_s)
+    counts = count(load.records, await asyncio.to_thread(traced, stack, env.keys))
+    return {
+        "minutes": soak.minutes,
+        "concurrency": soak.concurrency,
+        "kinds": list(soak.kinds),
+        "faults": faults,
+        "counts": counts.as_dict(),
+        "residue": left,
+        "drained_after_s": drained_s,
+        "restarts": {c.name: c.restarts for c in stack.supervisor.children if c.restarts},
+        "log_errors": log_errors(stack),
+        "run_s": round(time.monotonic() - t0, 1),
+    }

@@ -1,0 +1,122 @@
+"""The fault benchmark's counting (bench/faults_count.py) on synthetic streams, and its report; no stack."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bench.faults_count import (
+    HUNG,
+    NO_FINAL,
+    StageRecord,
+    WorkflowRecord,
+    contract_text,
+    count,
+    naive_text,
+    outcome,
+)
+from bench.faults_report import write
+
+pytestmark = pytest.mark.unit
+
+
+def _ok(stage: int, text: str = "abc def", deltas: tuple[tuple[int, str], ...] | None = None) -> StageRecord:
+    parts = deltas if deltas is not None else ((1, text[:3]), (1, text[3:]))
+    return StageRecord(stage, (f"p-s{stage}-t0",), parts, text, "length", 1, "small")
+
+
+def _wf(*stages: StageRecord, n: int | None = None, pid: str = "p") -> WorkflowRecord:
+    return WorkflowRecord(pid, "code/planner-coder", n if n is not None else len(stages), stages)
+
+
+def test_contract_text_starts_over_on_a_higher_attempt_and_drops_stale_ones() -> None:
+    deltas = ((1, "he"), (1, "ll"), (2, "hel"), (1, "zz"), (2, "lo"))
+    assert contract_text(deltas) == "hello"
+    assert naive_text(deltas) == "hellhelzzlo"
+
+
+def test_a_clean_run_is_completed_with_nothing_else_counted() -> None:
+    c = count([_wf(_ok(0), _ok(1))], traced={"p-s0-t0": 1, "p-s1-t0": 1})
+    assert (c.started, c.completed, c.lost, c.failed_retryable, c.failed_other) == (1, 1, 0, 0, 0)
+    assert (c.duplicated_stages, c.duplicated_workflows, c.traced_twice, c.restarted_stages) == (0, 0, 0, 0)
+    assert c.stages_answered == 2
+
+
+def test_text_of_two_attempts_under_one_attempt_number_is_duplicated() -> None:
+    # The restarted attempt's text arrives marked as attempt 1 again: a client cannot tell it apart.
+    doubled = _ok(0, "abcdef", ((1, "abc"), (1, "abc"), (1, "def")))
+    c = count([_wf(doubled)])
+    assert c.completed == 1 and c.duplicated_stages == 1 and c.duplicated_workflows == 1
+    assert c.examples[0]["streamed_chars"] == 9 and c.examples[0]["final_chars"] == 6
+
+
+def test_a_restart_marked_by_its_attempt_number_is_restarted_not_duplicated() -> None:
+    marked = _ok(0, "abcdef", ((1, "abc"), (2, "abc"), (2, "def")))
+    c = count([_wf(marked)])
+    assert c.duplicated_stages == 0 and c.restarted_stages == 1 and c.completed == 1
+
+
+def test_missing_streamed_text_is_a_mismatch_too() -> None:
+    assert count([_wf(_ok(0, "abcdef", ((1, "abc"),)))]).duplicated_stages == 1
+
+
+def test_a_stage_answered_twice_in_the_traces_is_duplicated() -> None:
+    c = count([_wf(_ok(0), _ok(1))], traced={"p-s0-t0": 1, "p-s1-t0": 2})
+    assert c.traced_twice == 1 and c.duplicated_workflows == 1 and c.duplicated_stages == 0
+
+
+def test_traces_unknown_after_redis_lost_its_data_count_nothing() -> None:
+    assert count([_wf(_ok(0))], traced=None).traced_twice == 0
+
+
+@pytest.mark.parametrize(
+    ("stage", "reason"),
+    [
+        (StageRecord(0, ("r",), ((1, "ab"),), None, error_code=HUNG), "hung"),
+        (StageRecord(0, ("r",), (), None, error_code=NO_FINAL), "no_final"),
+        (StageRecord(0, ("r",), ((1, "ab"),), "ab", "cancelled", 1), "cancelled"),
+        (StageRecord(0, ("r",), (), "", "stop", 1), "empty_answer"),
+    ],
+)
+def test_answers_that_never_came_are_lost(stage: StageRecord, reason: str) -> None:
+    assert outcome(_wf(_ok(0), replace(stage, stage=1))) == ("lost", reason)
+
+
+def test_a_workflow_that_stopped_short_without_an_error_is_lost() -> None:
+    assert outcome(_wf(_ok(0), n=3)) == ("lost", "missing_stage")
+
+
+def test_errors_are_split_by_whether_the_code_says_retry() -> None:
+    unavailable = StageRecord(1, ("r",), (), None, error_code="UNAVAILABLE", error="engine gone")
+    internal = StageRecord(1, ("r",), (), None, error_code="INTERNAL", error="boom")
+    c = count([_wf(_ok(0), unavailable, n=2, pid="a"), _wf(_ok(0), internal, n=2, pid="b"), _wf(_ok(0))])
+    assert (c.failed_retryable, c.failed_other, c.completed, c.lost) == (1, 1, 1, 0)
+    assert c.codes == {"failed_other:INTERNAL": 1, "failed_retryable:UNAVAILABLE": 1}
+
+
+def _row(kind: str, lost: int) -> dict[str, object]:
+    counts = count([_wf(StageRecord(0, ("r",), (), None, error_code=HUNG))] * lost + [_wf(_ok(0))])
+    return {
+        "kind": kind,
+        "injection": {"kind": kind, "injectable": True, "target": "x", "restarted_by": "supervisor",
+                      "back_after_s": 1.0, "note": ""},
+        "fault_after_s": 1.0, "stages_answered_before_fault": 1, "stages_planned": 4,
+        "counts": counts.as_dict(), "recovery_s": 2.5, "residue": {"small.claims": 1},
+        "drained_after_s": None,
+        "redis_data_survived": True, "restarts": {}, "log_errors": {}, "run_s": 3.0,
+    }  # fmt: skip
+
+
+def test_results_merge_by_kind_and_the_table_names_the_losses(tmp_path: Path) -> None:
+    meta = {"commit": "abc", "date": "today", "command": "x", "workflows": 2, "seed": 1, "time_scale": 2.0,
+            "lease_s": 2.0, "max_tokens": 8, "run_s": 5.0}  # fmt: skip
+    write(tmp_path, "kinds", {"meta": meta, "kinds": {"worker_kill": _row("worker_kill", 1)}})
+    write(tmp_path, "kinds", {"meta": meta, "kinds": {"redis_kill": _row("redis_kill", 0)}})
+    data = json.loads((tmp_path / "faults.json").read_text())
+    assert set(data["kinds"]) == {"worker_kill", "redis_kill"}
+    md = (tmp_path / "faults.md").read_text()
+    assert "| worker_kill | yes | supervisor | 2 | 1 | 0 | 0 | 1 (hung 1) |" in md
+    assert "small.claims=1" in md
