@@ -294,6 +294,23 @@ async def test_a_caller_that_comes_back_in_time_keeps_its_request(stack: Stack) 
     assert [f.finish_reason for f in final] == ["cancelled"]
 
 
+async def test_a_later_stage_leaves_a_dead_engine_only_for_a_close_enough_model(stack: Stack) -> None:
+    first = [r.final for r in await _collect(stack.stub, _gen(program="p-move")) if r.HasField("final")]
+    assert first[0].engine == "e1"  # m-big: the confident model
+    await stack.redis.hset(stack.keys.engine_info("e1"), "heartbeat_ms", 0)  # its worker is gone
+    # m-small's confidence (0.2) is far below m-big's (0.9): no move, a clear refusal naming the engine.
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _collect(stack.stub, _gen(program="p-move", stage=1))
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "'e1'" in str(err.value.details())
+    program = stack.keys.program("p-move")
+    await stack.redis.hset(program, "confidences", json.dumps({"m-big": 0.9, "m-small": 0.85}))
+    moved = [r.final for r in await _collect(stack.stub, _gen(program="p-move", stage=1, request_id="r-mv"))]
+    assert moved[-1].engine == "e0"
+    assert await stack.redis.hget(program, "engine") == "e0", "the program now lives on e0"
+    decision = json.loads(await stack.redis.hget(stack.keys.request("e0", "r-mv"), "decision"))
+    assert decision["moved"] == {"from": "e1", "to": "e0", "margin": stack.settings.brownout_margin}
+
+
 async def test_timeout_ms_is_deadline_exceeded_and_cancels(stack: Stack) -> None:
     req = _gen(program="p-slow", request_id="r-slow", text="hold forever", timeout_ms=300)
     assert await _code(stack.stub, req) == grpc.StatusCode.DEADLINE_EXCEEDED

@@ -45,7 +45,7 @@ FIELDS = {
     },
     RequestField: {
         "payload", "program_id", "y", "y90", "score", "t_enq", "state", "attempt", "decision", "worker",
-        "t_claim", "t_first_claim", "t_done", "cancel", "deaths", "died_on", "reattached",
+        "t_claim", "t_first_claim", "t_done", "cancel", "deaths", "died_on", "reattached", "sent",
     },
     ProgramField: {
         "engine", "model", "workflow", "stage", "request_id", "confidences", "created", "updated", "attained",

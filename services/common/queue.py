@@ -130,8 +130,10 @@ class QueueStore:
         request_id: str,
         ttl_s: int,
         confidences: Mapping[str, float],
+        moved_from: str = "",
     ) -> None:
-        """Add ``assign`` to ``pipe``, whose result is then [status, engine, model]."""
+        """Add ``assign`` to ``pipe``, whose result is then [status, engine, model]. ``moved_from``: the
+        program's dead engine, which ``engine`` replaces (if the program still names it)."""
         confidences_json = json.dumps(dict(confidences))
         args: list[EncodableT] = [
             engine,
@@ -142,6 +144,7 @@ class QueueStore:
             ttl_s,
             confidences_json,
             time.time(),
+            moved_from,
         ]
         await self._assign(keys=[self._k.program(program_id)], args=args, client=pipe)
 

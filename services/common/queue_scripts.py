@@ -320,10 +320,11 @@ return requeued
 )
 
 # KEYS: program
-# ARGV: engine, model, workflow, stage, request_id, ttl_s, confidences_json, now_s
-# Records a program's engine on its first stage and checks later stages. Returns {status, engine, model}:
-# status 'new' | 'ok' | 'backwards' (stage index lower than the last one seen) | 'duplicate' (the request
-# id is the program's current request: a retry); nothing is changed unless 'new' or 'ok'.
+# ARGV: engine, model, workflow, stage, request_id, ttl_s, confidences_json, now_s, moved_from
+# Records a program's engine on its first stage and checks later stages. A later stage moves the program
+# to ``engine`` when ``moved_from`` names its (dead) engine. Returns {status, engine, model}: status 'new' |
+# 'ok' | 'backwards' (stage index lower than the last one seen) | 'duplicate' (the request id is the
+# program's current request: a retry); nothing is changed unless 'new' or 'ok'.
 ASSIGN = """
 local f = redis.call('HMGET', KEYS[1], 'engine', 'model', 'stage', 'request_id')
 if not f[1] then
@@ -334,6 +335,10 @@ if not f[1] then
 end
 if f[4] == ARGV[5] then return {'duplicate', f[1], f[2]} end
 if tonumber(ARGV[4]) < tonumber(f[3]) then return {'backwards', f[1], f[2]} end
+if ARGV[9] and ARGV[9] ~= '' and f[1] == ARGV[9] then
+  redis.call('HSET', KEYS[1], 'engine', ARGV[1], 'model', ARGV[2])
+  f[1], f[2] = ARGV[1], ARGV[2]
+end
 redis.call('HSET', KEYS[1], 'stage', ARGV[4], 'request_id', ARGV[5], 'updated', ARGV[8])
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 return {'ok', f[1], f[2]}

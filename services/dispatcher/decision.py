@@ -10,6 +10,7 @@ from typing import Any
 
 from services.common.types import DispatchTimings, EngineSnapshot, Prediction
 from services.dispatcher.config import DispatcherSettings
+from services.policy.admission import Bounds
 from services.policy.contract import JobSize, Policy
 from services.policy.estimates import engine_load_ms
 from services.policy.routing import Route, fed_input
@@ -74,3 +75,19 @@ def decision_record(
             "redis": t.redis_ms,
         },
     }
+
+
+def detour_record(engine: str, browned_out_from: str, moved_from: str, bounds: Bounds) -> dict[str, Any]:
+    """Why the request is not on the engine the policy (or affinity) named: a brownout away from a full
+    queue, or a move away from a program's dead engine. Empty when neither happened."""
+    out: dict[str, Any] = {}
+    if browned_out_from:
+        out["brownout"] = {
+            "from": browned_out_from,
+            "to": engine,
+            "max_queue_s": bounds.max_queue_s,
+            "margin": bounds.brownout_margin,
+        }
+    if moved_from:
+        out["moved"] = {"from": moved_from, "to": engine, "margin": bounds.brownout_margin}
+    return out

@@ -28,9 +28,10 @@ from services.common.keys import ProgramField
 from services.common.queue import EngineFull, QueueStore
 from services.common.snapshot import engine_ids, engines_from, queue_engine_reads, read_engines
 from services.common.types import EngineSnapshot, OutcomeRow, StageRequest
+from services.dispatcher.affinity import later_stage_route
 from services.dispatcher.clients import ConfidenceSource, LengthSource
 from services.dispatcher.config import DispatcherSettings
-from services.dispatcher.decision import Timings, decision_record, ms_since
+from services.dispatcher.decision import Timings, decision_record, detour_record, ms_since
 from services.dispatcher.errors import (
     DispatchError,
     DuplicateRequest,
@@ -55,10 +56,8 @@ from services.policy.contract import JobSize
 from services.policy.registry import POLICIES
 from services.policy.routing import (
     AffinityConflict,
-    Assignment,
     candidates,
     choose,
-    follow,
     queue_score,
 )
 
@@ -83,11 +82,6 @@ def _policy_errors() -> Iterator[None]:
         raise NoLiveEngine(str(e)) from e
     except AffinityConflict as e:
         raise StageConflict(str(e)) from e
-
-
-def _assignment(program: Mapping[str, str]) -> Assignment:
-    f = ProgramField
-    return Assignment(program.get(f.ENGINE, ""), program.get(f.MODEL, ""), int(program.get(f.STAGE) or 0))
 
 
 class Dispatcher:
@@ -233,14 +227,15 @@ class Dispatcher:
             if req.model_pin not in {e.model for e in engines}:
                 raise ModelNotFound(f"no registered engine serves model {req.model_pin!r}")
         confidences: Mapping[str, float] = {}
-        browned_out_from = ""
+        browned_out_from = moved_from = ""
         max_load = 0  # in-flight tokens the engine may hold for this request to join (0: no bound)
         if not program and self.open_requests > self.settings.max_open_requests:
             # Only a new workflow: an admitted one's later stages always get in.
             raise Overloaded(f"this dispatcher holds {self.open_requests} open requests", _OPEN_RETRY_S)
         with _policy_errors():
             if program:
-                route = follow(req.program_id, _assignment(program), engines, req.stage, req.model_pin)
+                margin = self._gate.bounds.brownout_margin
+                route, moved_from = later_stage_route(req, program, engines, margin)
                 preds = await self._up.predictions(req, [route.model], t, degraded)
             else:
                 pool = candidates(engines, req.model_pin)
@@ -273,6 +268,7 @@ class Dispatcher:
             req.request_id,
             self.settings.program_ttl_s,
             confidences,
+            moved_from,
         )
         duplicate, assignment = await self._redis(t, pipe.execute())
         status, assigned, assigned_model = (str(x) for x in assignment)
@@ -313,13 +309,7 @@ class Dispatcher:
             degraded,
             t,
         )
-        if browned_out_from:
-            decision["brownout"] = {
-                "from": browned_out_from,
-                "to": engine,
-                "max_queue_s": self._gate.bounds.max_queue_s,
-                "margin": self._gate.bounds.brownout_margin,
-            }
+        decision.update(detour_record(engine, browned_out_from, moved_from, self._gate.bounds))
         decision["dispatch_ms_before_enqueue"] = ms_since(started)
         try:
             enqueued = await self._redis(

@@ -13,9 +13,10 @@ from typing import Literal
 
 from services.common.types import EngineSnapshot
 from services.policy.contract import JobSize, NoLiveEngine, Policy, PriorityInput, Selection
+from services.policy.estimates import load_ms_per_token
 from services.policy.knobs import Knobs
 
-Branch = Literal["new", "pinned", "reuse"]
+Branch = Literal["new", "pinned", "reuse", "moved"]
 
 
 class AffinityConflict(ValueError):
@@ -84,6 +85,35 @@ def follow(
     if snap is None or not snap.alive:
         raise NoLiveEngine(f"engine {a.engine_id!r} of program {program_id} is not alive")
     return Route(a.engine_id, a.model, "reuse", None)
+
+
+def relocate(
+    program_id: str,
+    assignment: Assignment,
+    engines: Sequence[EngineSnapshot],
+    confidences: Mapping[str, float],
+    margin: float,
+) -> Route:
+    """A later stage whose program's engine is dead (``follow`` refused it): another engine of the same
+    model if one is alive (the least loaded), else one of a model whose confidence is within ``margin`` of
+    the program's model (the most confident, then the least loaded). Affinity is lost either way, which
+    costs a prefill; a workflow that can go on is worth more than its cache.
+
+    Raises ``NoLiveEngine`` naming the dead engine when nothing qualifies.
+    """
+    a = assignment
+    alive = [e for e in engines if e.alive and e.engine_id != a.engine_id]
+    same = [e for e in alive if e.model == a.model]
+    base = confidences.get(a.model)
+    close = [] if base is None else [e for e in alive if confidences.get(e.model, -1.0) >= base - margin]
+    pool = same or close
+    if not pool:
+        raise NoLiveEngine(
+            f"engine {a.engine_id!r} of program {program_id} is not alive, and no live engine serves "
+            f"{a.model!r} or a model within {margin:g} of its confidence"
+        )
+    best = min(pool, key=lambda e: (-confidences.get(e.model, 0.0), e.inflight_tokens * load_ms_per_token(e)))
+    return Route(best.engine_id, best.model, "moved", None)
 
 
 def fed_input(policy: Policy, size: JobSize) -> PriorityInput:
