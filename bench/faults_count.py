@@ -49,6 +49,7 @@ class WorkflowRecord:
     stages: tuple[StageRecord, ...]
     started_s: float = 0.0  # monotonic
     ended_s: float = 0.0
+    end_error: str = ""  # EndProgram failed: its program entry stays until its TTL
 
 
 def contract_text(deltas: Iterable[tuple[int, str]]) -> str:
@@ -114,6 +115,7 @@ class Counts:
     traced_twice: int = 0  # stages with more than one trace row
     restarted_stages: int = 0  # deltas of two attempts (a naive client would duplicate text)
     stages_answered: int = 0
+    end_program_failed: int = 0
     codes: Mapping[str, int] = field(default_factory=dict)  # failure code or lost reason -> workflows
     examples: tuple[Mapping[str, Any], ...] = ()  # a few mismatching stages, as evidence
 
@@ -129,6 +131,7 @@ class Counts:
             "traced_twice": self.traced_twice,
             "restarted_stages": self.restarted_stages,
             "stages_answered": self.stages_answered,
+            "end_program_failed": self.end_program_failed,
             "codes": dict(self.codes),
             "examples": list(self.examples),
         }
@@ -187,6 +190,7 @@ def count(
         traced_twice=twice,
         restarted_stages=restarted,
         stages_answered=answered,
+        end_program_failed=sum(1 for w in workflows if w.end_error),
         codes=dict(sorted(codes.items())),
         examples=tuple(examples),
     )

@@ -2,8 +2,8 @@
 
 Each workflow runs its stages in order (every stage's answer feeds the next, as in ``services.demo``) and
 records, per stage, every streamed delta with its attempt number, the final event, or the error it ended
-with. A stage gets no retry beyond what the SDK itself does for a refusal that says when to come back
-(RESOURCE_EXHAUSTED with retry-after): the benchmark counts what an unaided client sees.
+with. A stage gets no retry beyond what the SDK itself does (``RetryPolicy``: a busy pool, and UNAVAILABLE
+with the same request id, which re-attaches to the running request): the counts are what an SDK user sees.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from bench.faults_count import HUNG, NO_FINAL, StageRecord, WorkflowRecord
 from services.sdk.client import AsyncClient
 from services.sdk.errors import ChimeraError
-from services.sdk.retry import RetryPolicy
+from services.sdk.retry import NO_RETRY, RetryPolicy
 from services.sdk.types import Completion, Sampling, TextDelta
 from services.workload.corpus import Problem
 from services.workload.workflows import WORKFLOWS, Workflow, stage_messages
@@ -30,8 +30,9 @@ class DriveConfig:
     max_tokens: int = 64
     # A stage with no final event by then is hung: lost, not failed (no error ever told the client).
     stage_timeout_s: float = 90.0
-    # Overload refusals only (the SDK's RetryPolicy); nothing else is retried.
-    retry_budget_s: float = 20.0
+    # The SDK's RetryPolicy budget (it retries a busy pool and a broken stream, re-attaching): what an
+    # SDK user gets, with a budget inside the stage timeout so that its verdict is seen.
+    retry_budget_s: float = 60.0
     end_timeout_s: float = 10.0
     probe_tokens: int = 4
     probe_timeout_s: float = 20.0
@@ -56,6 +57,11 @@ def plan(
     return out
 
 
+def workflow_client(addr: str, cfg: DriveConfig) -> AsyncClient:
+    """The client the workflows share: the SDK's defaults but for the retry budget."""
+    return AsyncClient(addr, retry=RetryPolicy(budget_s=cfg.retry_budget_s))
+
+
 class Progress:
     """Stages answered so far, for the trigger that fires a fault mid-load."""
 
@@ -68,30 +74,25 @@ async def _stage(
     client: AsyncClient, p: Plan, stage: int, history: Sequence[str], cfg: DriveConfig, timeout_s: float
 ) -> StageRecord:
     msgs = [(m.role, m.content) for m in stage_messages(p.workflow, stage, p.problem.text, history)]
-    rids: list[str] = []
+    rid = f"{p.program_id}-s{stage}"
     deltas: list[tuple[int, str]] = []
     final: Completion | None = None
 
     async def consume() -> None:
-        nonlocal final, deltas
-        async for attempt in RetryPolicy(budget_s=cfg.retry_budget_s).retrying():
-            with attempt:
-                # A fresh id per try: a refused try leaves nothing, but the trace check wants one id per try.
-                rid = f"{p.program_id}-s{stage}-t{len(rids)}"
-                rids.append(rid)
-                deltas = []
-                async for ev in client.stream(
-                    msgs,
-                    program_id=p.program_id,
-                    stage=stage,
-                    workflow=p.workflow.name,
-                    sampling=Sampling(max_tokens=cfg.max_tokens),
-                    request_id=rid,
-                ):
-                    if isinstance(ev, TextDelta):
-                        deltas.append((ev.attempt, ev.text))
-                    else:
-                        final = ev
+        nonlocal final
+        # The SDK's own retries (a busy pool, a broken stream) re-attach with this one id per stage.
+        async for ev in client.stream(
+            msgs,
+            program_id=p.program_id,
+            stage=stage,
+            workflow=p.workflow.name,
+            sampling=Sampling(max_tokens=cfg.max_tokens),
+            request_id=rid,
+        ):
+            if isinstance(ev, TextDelta):
+                deltas.append((ev.attempt, ev.text))
+            else:
+                final = ev
 
     code: str | None = None
     error = ""
@@ -107,7 +108,7 @@ async def _stage(
         code, error = NO_FINAL, "the stream ended without a final event"
     return StageRecord(
         stage=stage,
-        request_ids=tuple(rids),
+        request_ids=(rid,),
         deltas=tuple(deltas),
         final_text=final.text if final is not None else None,
         finish_reason=final.finish_reason if final is not None else "",
@@ -129,6 +130,7 @@ async def run_workflow(
     t0 = time.monotonic()
     stages: list[StageRecord] = []
     history: list[str] = []
+    end_error = ""
     try:
         for i in range(p.workflow.n_stages):
             left = cfg.stage_timeout_s if deadline is None else deadline - time.monotonic()
@@ -142,36 +144,38 @@ async def run_workflow(
     finally:
         # EndProgram's answer is not counted: the program table's residue after the drain says whether it
         # was lost. Shielded so that a harness timeout still ends the program.
-        with contextlib.suppress(Exception):
+        try:
             await asyncio.wait_for(asyncio.shield(client.end_program(p.program_id)), cfg.end_timeout_s)
+        except Exception as exc:
+            end_error = f"{type(exc).__name__}: {exc}"[:200]
         if progress is not None:
             progress.workflows_done += 1
     return WorkflowRecord(
-        p.program_id, p.workflow.name, p.workflow.n_stages, tuple(stages), t0, time.monotonic()
+        p.program_id, p.workflow.name, p.workflow.n_stages, tuple(stages), t0, time.monotonic(), end_error
     )
 
 
 async def probe(addr: str, cfg: DriveConfig) -> bool:
-    """One new one-stage workflow on a fresh channel (a channel that saw the door die may sit in gRPC's
-    reconnect backoff, which would measure the client, not the server)."""
+    """One new one-stage workflow, one try, on a fresh channel (a channel that saw the door die may sit in
+    gRPC's reconnect backoff, which would measure the client, not the server)."""
     pid = f"probe-{uuid.uuid4().hex[:12]}"
-    wf = WORKFLOWS[2]
-    async with AsyncClient(addr) as client:
+    async with AsyncClient(addr, retry=NO_RETRY) as client:
         try:
             c = await client.generate(
                 f"probe {pid}",
                 program_id=pid,
                 stage=0,
-                workflow=wf.name,
+                workflow=WORKFLOWS[2].name,
                 sampling=Sampling(max_tokens=cfg.probe_tokens),
                 timeout_s=cfg.probe_timeout_s,
             )
-            ok = bool(c.text) and c.finish_reason != "cancelled"
+            return bool(c.text) and c.finish_reason != "cancelled"
         except Exception:
-            ok = False
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(client.end_program(pid), cfg.end_timeout_s)
-    return ok
+            return False
+        finally:
+            # Also when the probe is cancelled (another one answered first): leave no program behind.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(client.end_program(pid)), cfg.end_timeout_s)
 
 
 async def time_to_serve(

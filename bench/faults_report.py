@@ -89,7 +89,8 @@ def render(data: Mapping[str, Any]) -> str:
                 f"({v['stages_answered_before_fault']}/{v['stages_planned']} stages answered); "
                 f"back after {inj['back_after_s']} s; {inj['note'] or 'no note'}; "
                 f"restarts {v['restarts'] or '{}'}; "
-                f"Redis data survived: {v['redis_data_survived']}; ERROR lines {v['log_errors'] or '{}'}; "
+                f"Redis data survived: {v['redis_data_survived']}; EndProgram failed for "
+                f"{v['counts'].get('end_program_failed', 0)}; ERROR lines {v['log_errors'] or '{}'}; "
                 f"run {v['run_s']} s."
             )
         out.append("")

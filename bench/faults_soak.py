@@ -15,11 +15,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from bench.faults_count import count
-from bench.faults_drive import plan, time_to_serve
+from bench.faults_drive import plan, time_to_serve, workflow_client
 from bench.faults_inject import FAULTS, FaultEnv, Injection
 from bench.faults_stack import Load, RunConfig, drain, log_errors, traced
 from services.launcher.stack import Stack
-from services.sdk.client import AsyncClient
 from services.workload.corpus import Problem
 
 
@@ -71,7 +70,7 @@ async def run_soak(
             await asyncio.sleep(wait)
             faults.append(await _fault(env, stack, rng.choice(soak.kinds), cfg, t0))
 
-    async with AsyncClient(stack.dispatcher_addr) as client:
+    async with workflow_client(stack.dispatcher_addr, cfg.drive) as client:
         chaos_task = asyncio.create_task(chaos())
         running: set[asyncio.Task[None]] = set()
         started = 0

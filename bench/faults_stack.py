@@ -22,7 +22,14 @@ from typing import Any
 import redis
 
 from bench.faults_count import WorkflowRecord, count
-from bench.faults_drive import DriveConfig, Plan, Progress, run_workflow, time_to_serve
+from bench.faults_drive import (
+    DriveConfig,
+    Plan,
+    Progress,
+    run_workflow,
+    time_to_serve,
+    workflow_client,
+)
 from bench.faults_inject import CRASH_ENGINE, DIE_AFTER, FAULTS, FaultEnv, Injection
 from services.common.keys import Keys
 from services.launcher.config import LauncherSettings
@@ -141,7 +148,10 @@ def residue(stack: Stack, keys: Keys) -> dict[str, int]:
             for k in r.scan_iter(keys.request(e.id, "*"), count=500):
                 open_ += r.hget(k, "state") in ("queued", "running")
             out[f"{e.id}.open_requests"] = open_
-        out["programs"] = sum(1 for _ in r.scan_iter(keys.program_pattern(), count=500))
+        # By who made them: the measured workflows, or the recovery probes.
+        for k in r.scan_iter(keys.program_pattern(), count=500):
+            who = "probe" if k.rsplit(":", 1)[-1].startswith("probe-") else "workflow"
+            out[f"programs.{who}"] = out.get(f"programs.{who}", 0) + 1
         return {k: v for k, v in out.items() if v}
     finally:
         r.close()
@@ -212,7 +222,7 @@ async def run_one_fault(
         await asyncio.sleep(max(0.0, env.crash_at - cfg.stack.crash_lead_s - time.monotonic()))
     t0 = time.monotonic()
     deadline = t0 + cfg.workflow_budget_s
-    async with AsyncClient(stack.dispatcher_addr) as client:
+    async with workflow_client(stack.dispatcher_addr, cfg.drive) as client:
         tasks = [asyncio.create_task(load.one(client, p, deadline)) for p in plans]
         while (
             env.crash_at is None
@@ -220,13 +230,14 @@ async def run_one_fault(
             and time.monotonic() - t0 < cfg.fault_latest_s
         ):
             await asyncio.sleep(0.05)
-        stages_before = load.progress.stages_done
         fault = asyncio.create_task(asyncio.to_thread(FAULTS[kind], env))
+        before = asyncio.create_task(_stages_at_fault(env, load.progress))
         recovery = asyncio.create_task(
             time_to_serve(stack.dispatcher_addr, cfg.drive, lambda: env.fired_at, cfg.recovery_limit_s)
         )
         await asyncio.gather(*tasks)
         injection = await _injection(fault, kind)
+        stages_before = await before
         if not injection.injectable:
             recovery.cancel()
         recovery_s = await _settled(recovery)
@@ -258,6 +269,12 @@ def counts_traced_known(stack: Stack, env: FaultEnv) -> bool:
         finally:
             r.close()
     return False
+
+
+async def _stages_at_fault(env: FaultEnv, progress: Progress) -> int:
+    while env.fired_at is None:
+        await asyncio.sleep(0.02)
+    return progress.stages_done
 
 
 async def _injection(task: asyncio.Task[Injection], kind: str) -> Injection:
