@@ -178,3 +178,21 @@ async def test_a_lost_registration_is_written_again_without_profiling(
         assert proc.poll() is None
     finally:
         await r.aclose()
+
+
+def test_the_probe_reads_health_with_decoding_and_raw_clients(
+    private_redis: PrivateRedis, keys: Keys
+) -> None:
+    """The launcher's probe uses a client that does not decode responses; the container check one that does."""
+    import redis as sync_redis
+
+    from services.common.health import heartbeat_unhealthy
+
+    info = keys.engine_info(ENGINE)
+    for decode in (True, False):
+        with sync_redis.Redis.from_url(private_redis.url, decode_responses=decode) as r:
+            r.hset(info, mapping={"heartbeat_ms": int(time.time() * 1000), "health": "ok"})
+            assert heartbeat_unhealthy(r, keys, ENGINE, 5.0) is None
+            r.hset(info, mapping={"health": "dead", "health_reason": "engine core gone"})
+            assert heartbeat_unhealthy(r, keys, ENGINE, 5.0) == f"engine {ENGINE} is dead: engine core gone"
+            r.delete(info)

@@ -7,7 +7,7 @@ quiet while a one-shot container check prints why it failed.
 from __future__ import annotations
 
 import time
-from typing import cast
+from typing import Any, cast
 
 import grpc
 import redis
@@ -34,12 +34,11 @@ def heartbeat_unhealthy(r: redis.Redis, keys: Keys, engine: str, max_age_s: floa
     ``max_age_s``, or the heartbeat itself says the engine is dead (its worker saw it die and is exiting)."""
     f = EngineField
     try:
-        # The clients here decode responses: the values are str.
-        beat, health, reason = cast(
-            list[str | None], r.hmget(keys.engine_info(engine), [f.HEARTBEAT_MS, f.HEALTH, f.HEALTH_REASON])
-        )
+        raw = r.hmget(keys.engine_info(engine), [f.HEARTBEAT_MS, f.HEALTH, f.HEALTH_REASON])
     except redis.RedisError as e:
         return f"redis: {e}"
+    # Callers' clients may or may not decode responses (the launcher's probe does not).
+    beat, health, reason = (v.decode() if isinstance(v, bytes) else v for v in cast(list[Any], raw))
     # A worker older than the health field reports none: its heartbeat's age alone decides.
     if health is not None and health != EngineHealth.OK:
         return f"engine {engine} is {health}: {reason or 'no reason given'}"
