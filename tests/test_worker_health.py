@@ -183,7 +183,7 @@ async def test_a_lost_registration_is_written_again_without_profiling(
 def test_the_probe_reads_health_with_decoding_and_raw_clients(
     private_redis: PrivateRedis, keys: Keys
 ) -> None:
-    """The launcher's probe uses a client that does not decode responses; the container check one that does."""
+    """The launcher's probe reads with a client that does not decode responses; the container check's does."""
     import redis as sync_redis
 
     from services.common.health import heartbeat_unhealthy
