@@ -253,7 +253,9 @@ async def test_engine_exception_fails_only_that_request(redis_client: Redis, key
     assert await _load(redis_client, keys) == 0
 
 
-async def test_dead_engine_stops_the_worker_and_hands_its_claims_back(redis_client: Redis, keys: Keys) -> None:
+async def test_dead_engine_stops_the_worker_and_hands_its_claims_back(
+    redis_client: Redis, keys: Keys
+) -> None:
     q = QueueStore(redis_client, keys)
     await _enqueue(q, "y-100000", 1.0)
     engine = _engine(1, 5.0)
