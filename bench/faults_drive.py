@@ -155,9 +155,9 @@ async def run_workflow(
     )
 
 
-async def probe(addr: str, cfg: DriveConfig) -> bool:
+async def probe(addr: str, cfg: DriveConfig) -> float | None:
     """One new one-stage workflow, one try, on a fresh channel (a channel that saw the door die may sit in
-    gRPC's reconnect backoff, which would measure the client, not the server)."""
+    gRPC's reconnect backoff, which would measure the client, not the server). When it was answered."""
     pid = f"probe-{uuid.uuid4().hex[:12]}"
     async with AsyncClient(addr, retry=NO_RETRY) as client:
         try:
@@ -169,39 +169,40 @@ async def probe(addr: str, cfg: DriveConfig) -> bool:
                 sampling=Sampling(max_tokens=cfg.probe_tokens),
                 timeout_s=cfg.probe_timeout_s,
             )
-            return bool(c.text) and c.finish_reason != "cancelled"
+            return time.monotonic() if c.text and c.finish_reason != "cancelled" else None
         except Exception:
-            return False
+            return None
         finally:
-            # Also when the probe is cancelled (another one answered first): leave no program behind.
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(client.end_program(pid)), cfg.end_timeout_s)
+                await asyncio.wait_for(client.end_program(pid), cfg.end_timeout_s)
 
 
 async def time_to_serve(
     addr: str, cfg: DriveConfig, fired_at: Callable[[], float | None], limit_s: float, every_s: float = 0.5
 ) -> float | None:
-    """Seconds from the fault until a probe started after it succeeds; None if none does within
-    ``limit_s``. Probes start every ``every_s`` and overlap, so one stuck probe does not hide recovery."""
+    """Seconds from the fault until a probe started after it is answered; None if none is within
+    ``limit_s``. Probes start every ``every_s`` and overlap, so one stuck probe does not hide recovery;
+    those still out are waited for, not cancelled (a cancelled one would leave its program behind)."""
     while fired_at() is None:
         await asyncio.sleep(0.02)
     t_fault = fired_at()
     assert t_fault is not None
-    done: asyncio.Queue[float] = asyncio.Queue()
+    answered: list[float] = []
     tasks: list[asyncio.Task[None]] = []
 
     async def one() -> None:
-        if await probe(addr, cfg):
-            done.put_nowait(time.monotonic())
+        t = await probe(addr, cfg)
+        if t is not None:
+            answered.append(t)
 
-    try:
-        while time.monotonic() - t_fault < limit_s:
-            tasks.append(asyncio.create_task(one()))
-            with contextlib.suppress(TimeoutError):
-                t_ok = await asyncio.wait_for(done.get(), every_s)
-                return round(t_ok - t_fault, 2)
-        return None
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    while not answered and time.monotonic() - t_fault < limit_s:
+        tasks.append(asyncio.create_task(one()))
+        tick = time.monotonic() + every_s  # a door that refuses at once must not be probed in a tight loop
+        while not answered and (left := tick - time.monotonic()) > 0:
+            pending = [t for t in tasks if not t.done()]
+            if not pending:
+                await asyncio.sleep(left)
+                break
+            await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return round(min(answered) - t_fault, 2) if answered else None
