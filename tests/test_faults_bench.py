@@ -1,4 +1,5 @@
-"""The fault benchmark's counting (bench/faults_count.py) on synthetic streams, and its report; no stack."""
+"""The fault benchmark's counting (bench/faults_count.py) on synthetic streams and its report (unit, no
+stack), and one smoke of the harness on real processes (e2e)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,6 @@ from bench.faults_count import (
 )
 from bench.faults_report import write
 
-pytestmark = pytest.mark.unit
-
 
 def _ok(stage: int, text: str = "abc def", deltas: tuple[tuple[int, str], ...] | None = None) -> StageRecord:
     parts = deltas if deltas is not None else ((1, text[:3]), (1, text[3:]))
@@ -32,12 +31,14 @@ def _wf(*stages: StageRecord, n: int | None = None, pid: str = "p") -> WorkflowR
     return WorkflowRecord(pid, "code/planner-coder", n if n is not None else len(stages), stages)
 
 
+@pytest.mark.unit
 def test_contract_text_starts_over_on_a_higher_attempt_and_drops_stale_ones() -> None:
     deltas = ((1, "he"), (1, "ll"), (2, "hel"), (1, "zz"), (2, "lo"))
     assert contract_text(deltas) == "hello"
     assert naive_text(deltas) == "hellhelzzlo"
 
 
+@pytest.mark.unit
 def test_a_clean_run_is_completed_with_nothing_else_counted() -> None:
     c = count([_wf(_ok(0), _ok(1))], traced={"p-s0-t0": 1, "p-s1-t0": 1})
     assert (c.started, c.completed, c.lost, c.failed_retryable, c.failed_other) == (1, 1, 0, 0, 0)
@@ -45,6 +46,7 @@ def test_a_clean_run_is_completed_with_nothing_else_counted() -> None:
     assert c.stages_answered == 2
 
 
+@pytest.mark.unit
 def test_text_of_two_attempts_under_one_attempt_number_is_duplicated() -> None:
     # The restarted attempt's text arrives marked as attempt 1 again: a client cannot tell it apart.
     doubled = _ok(0, "abcdef", ((1, "abc"), (1, "abc"), (1, "def")))
@@ -53,25 +55,30 @@ def test_text_of_two_attempts_under_one_attempt_number_is_duplicated() -> None:
     assert c.examples[0]["streamed_chars"] == 9 and c.examples[0]["final_chars"] == 6
 
 
+@pytest.mark.unit
 def test_a_restart_marked_by_its_attempt_number_is_restarted_not_duplicated() -> None:
     marked = _ok(0, "abcdef", ((1, "abc"), (2, "abc"), (2, "def")))
     c = count([_wf(marked)])
     assert c.duplicated_stages == 0 and c.restarted_stages == 1 and c.completed == 1
 
 
+@pytest.mark.unit
 def test_missing_streamed_text_is_a_mismatch_too() -> None:
     assert count([_wf(_ok(0, "abcdef", ((1, "abc"),)))]).duplicated_stages == 1
 
 
+@pytest.mark.unit
 def test_a_stage_answered_twice_in_the_traces_is_duplicated() -> None:
     c = count([_wf(_ok(0), _ok(1))], traced={"p-s0-t0": 1, "p-s1-t0": 2})
     assert c.traced_twice == 1 and c.duplicated_workflows == 1 and c.duplicated_stages == 0
 
 
+@pytest.mark.unit
 def test_traces_unknown_after_redis_lost_its_data_count_nothing() -> None:
     assert count([_wf(_ok(0))], traced=None).traced_twice == 0
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("stage", "reason"),
     [
@@ -85,10 +92,12 @@ def test_answers_that_never_came_are_lost(stage: StageRecord, reason: str) -> No
     assert outcome(_wf(_ok(0), replace(stage, stage=1))) == ("lost", reason)
 
 
+@pytest.mark.unit
 def test_a_workflow_that_stopped_short_without_an_error_is_lost() -> None:
     assert outcome(_wf(_ok(0), n=3)) == ("lost", "missing_stage")
 
 
+@pytest.mark.unit
 def test_errors_are_split_by_whether_the_code_says_retry() -> None:
     unavailable = StageRecord(1, ("r",), (), None, error_code="UNAVAILABLE", error="engine gone")
     internal = StageRecord(1, ("r",), (), None, error_code="INTERNAL", error="boom")
@@ -110,6 +119,7 @@ def _row(kind: str, lost: int) -> dict[str, object]:
     }  # fmt: skip
 
 
+@pytest.mark.unit
 def test_results_merge_by_kind_and_the_table_names_the_losses(tmp_path: Path) -> None:
     meta = {"commit": "abc", "date": "today", "command": "x", "workflows": 2, "seed": 1, "time_scale": 2.0,
             "lease_s": 2.0, "max_tokens": 8, "run_s": 5.0}  # fmt: skip
@@ -120,3 +130,21 @@ def test_results_merge_by_kind_and_the_table_names_the_losses(tmp_path: Path) ->
     md = (tmp_path / "faults.md").read_text()
     assert "| worker_kill | yes | supervisor | 2 | 1 | 0 | 0 | 1 (hung 1) |" in md
     assert "small.claims=1" in md
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+def test_one_fault_kind_end_to_end_on_real_processes(tmp_path: Path) -> None:
+    """The harness itself: a stack, four workflows, a worker killed mid-load, every workflow accounted
+    for, and the stack's processes gone afterwards. What the product did is the benchmark's to report."""
+    from bench.faults import run_kinds
+    from bench.faults_stack import RunConfig
+
+    rows = run_kinds(["worker_kill"], RunConfig(workflows=4, fault_latest_s=10.0), tmp_path)
+    row = rows["worker_kill"]
+    c = row["counts"]
+    assert c["started"] == 4
+    assert c["completed"] + c["failed_retryable"] + c["failed_other"] + c["lost"] == 4
+    assert row["injection"]["injectable"] and row["injection"]["target"].startswith("worker-")
+    assert row["restarts"], "the killed worker was brought back"
+    assert isinstance(row["residue"], dict)
