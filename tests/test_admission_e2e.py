@@ -23,7 +23,7 @@ from services.common.types import EngineProfile
 from services.launcher.config import LauncherSettings
 from services.launcher.pool import EngineSpec, PoolSpec
 from services.launcher.stack import Stack, running_stack
-from services.sdk import AsyncClient, OverloadedError, Sampling
+from services.sdk import NO_RETRY, AsyncClient, OverloadedError, Sampling
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -97,7 +97,7 @@ async def test_more_streams_than_the_redis_pool_complete(roomy_stack: Stack) -> 
 
 
 async def test_over_the_bound_is_429_and_resource_exhausted_and_leaves_nothing(stack: Stack) -> None:
-    async with AsyncClient(stack.dispatcher_addr) as client:
+    async with AsyncClient(stack.dispatcher_addr, retry=NO_RETRY) as client:
         long = client.generate(
             "hold the engine", program_id=f"hold-{uuid.uuid4().hex}", stage=0, workflow="w",
             model="m-one", sampling=Sampling(max_tokens=600),

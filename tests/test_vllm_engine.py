@@ -200,6 +200,9 @@ class _SharedEngine:
     def running(self) -> int:
         return self.inner.running()
 
+    async def health(self) -> str | None:
+        return await self.inner.health()
+
     def profile(self) -> EngineProfile | None:
         return None
 
