@@ -41,7 +41,7 @@ FIELDS = {
     EngineField: {
         "model", "kind", "decode_ms_per_token", "max_batch_size", "max_num_seqs", "profile", "profile_source",
         "time_scale", "worker_id", "heartbeat_ms", "running", "held", "load", "drained", "health",
-        "health_reason", "max_attempts", "isolating",
+        "health_reason", "max_attempts", "isolating", "lease_ms", "reaped_ms", "reap_held",
     },
     RequestField: {
         "payload", "program_id", "y", "y90", "score", "t_enq", "state", "attempt", "decision", "worker",

@@ -226,6 +226,9 @@ class EngineField:
     # setting, read by every reaper of the engine); and the last-chance request running alone, if any.
     MAX_ATTEMPTS: Final = "max_attempts"
     ISOLATING: Final = "isolating"
+    LEASE_MS: Final = "lease_ms"  # how long its worker's leases last: a reap gap longer than this is a stall
+    REAPED_MS: Final = "reaped_ms"  # Redis time of the last REAP of its claims
+    REAP_HELD: Final = "reap_held"  # the last REAP held its round after a stall (see queue_scripts.REAP)
     LOAD: Final = "load"  # sum of the engine's in-flight predicted tokens, kept by the queue scripts
     DRAINED: Final = "drained"  # predicted tokens released so far (a counter): how fast the queue drains
 

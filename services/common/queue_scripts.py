@@ -267,6 +267,10 @@ end
 #       now_s, notify_maxlen, queue_ttl_s, cancelled_event_json
 # Gives back (GIVE_BACK) every claim whose lease expired, each charged with its worker's death. Returns the
 # ids re-queued.
+# NOTE(stall): if no reaper reached the engine for longer than its worker's lease (Redis paused or away),
+# live workers could not renew meanwhile either, so an expired lease proves nothing yet: that round gives
+# nothing back and lets them renew first; the next round reaps as usual. Redis's own clock measures the gap,
+# as reapers on different hosts disagree about time.
 REAP = (
     _RELEASE
     + _EMIT
@@ -276,6 +280,17 @@ local c = {req_prefix = ARGV[2], out_prefix = ARGV[3], queue = KEYS[2], inflight
            notify = KEYS[5], limit = tonumber(redis.call('HGET', KEYS[4], 'max_attempts') or ARGV[4]),
            retention = ARGV[5], poison = ARGV[6], now = ARGV[7], notify_maxlen = ARGV[8],
            queue_ttl = ARGV[9], cancelled = ARGV[10]}
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local f = redis.call('HMGET', KEYS[4], 'lease_ms', 'reaped_ms', 'reap_held')
+if f[1] then  -- only a registered engine's hash: a hash created here would hold nothing else
+  redis.call('HSET', KEYS[4], 'reaped_ms', now_ms)
+  if f[2] and not f[3] and now_ms - tonumber(f[2]) > tonumber(f[1]) then
+    redis.call('HSET', KEYS[4], 'reap_held', 1)
+    return {}
+  end
+  if f[3] then redis.call('HDEL', KEYS[4], 'reap_held') end
+end
 local requeued = {}
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 for _, id in ipairs(expired) do

@@ -133,6 +133,7 @@ async def announce(
     worker_id: str,
     profile_on_start: bool,
     max_attempts: int,
+    lease_s: float,
 ) -> Registration:
     """Register the worker's engine with its profile: the stored measured one, else the engine's own, else
     (a real engine on its first start, with ``profile_on_start``) one measured now and stored."""
@@ -154,6 +155,8 @@ async def announce(
         f.TIME_SCALE: float(getattr(engine, "time_scale", 1.0)),
         # Every reaper of this engine (the dispatcher's too) fails poison requests by this worker's limit.
         f.MAX_ATTEMPTS: max_attempts,
+        # Every reaper tells a Redis stall from dead workers by it (queue_scripts.REAP).
+        f.LEASE_MS: int(lease_s * 1000),
     }
     reg = registration(engine_id, fields, profile)
     await register(redis, keys, reg)

@@ -147,6 +147,7 @@ class Worker:
             o.worker_id,
             o.profile_on_start,
             o.max_attempts,
+            o.lease_s,
         )
 
     def _die(self, reason: str) -> None:
