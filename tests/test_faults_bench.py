@@ -130,21 +130,3 @@ def test_results_merge_by_kind_and_the_table_names_the_losses(tmp_path: Path) ->
     md = (tmp_path / "faults.md").read_text()
     assert "| worker_kill | yes | supervisor | 2 | 1 | 0 | 0 | 1 (hung 1) |" in md
     assert "small.claims=1" in md
-
-
-@pytest.mark.e2e
-@pytest.mark.timeout(120)
-def test_one_fault_kind_end_to_end_on_real_processes(tmp_path: Path) -> None:
-    """The harness itself: a stack, four workflows, a worker killed mid-load, every workflow accounted
-    for, and the stack's processes gone afterwards. What the product did is the benchmark's to report."""
-    from bench.faults import run_kinds
-    from bench.faults_stack import RunConfig
-
-    rows = run_kinds(["worker_kill"], RunConfig(workflows=4, fault_latest_s=10.0), tmp_path)
-    row = rows["worker_kill"]
-    c = row["counts"]
-    assert c["started"] == 4
-    assert c["completed"] + c["failed_retryable"] + c["failed_other"] + c["lost"] == 4
-    assert row["injection"]["injectable"] and row["injection"]["target"].startswith("worker-")
-    assert row["restarts"], "the killed worker was brought back"
-    assert isinstance(row["residue"], dict)
