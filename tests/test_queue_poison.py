@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from worker_procs import stage_request
 
 from services.common.keys import Keys
 from services.common.queue import QueueStore, Retention
-from services.common.types import ChatMessage, Prediction, SamplingParams, StageRequest, StageResult
+from services.common.types import Prediction, StageRequest, StageResult
 
 pytestmark = pytest.mark.redis
 
@@ -23,14 +24,7 @@ E = "e0"
 
 
 def _req(rid: str) -> StageRequest:
-    return StageRequest(
-        request_id=rid,
-        program_id=f"p-{rid}",
-        stage=0,
-        workflow="code/coder",
-        messages=(ChatMessage("user", f"task {rid}"),),
-        sampling=SamplingParams(max_tokens=16),
-    )
+    return stage_request(rid)
 
 
 async def _enqueue(q: QueueStore, rid: str, score: float) -> None:

@@ -9,10 +9,11 @@ import time
 
 import pytest
 from redis.asyncio import Redis
+from worker_procs import stage_request
 
 from services.common.keys import EngineField, Keys
 from services.common.queue import QueueStore
-from services.common.types import ChatMessage, Prediction, SamplingParams, StageRequest
+from services.common.types import Prediction
 
 pytestmark = pytest.mark.redis
 
@@ -21,15 +22,7 @@ LEASE_S = 0.3
 
 
 async def _running(q: QueueStore, rid: str) -> int:
-    req = StageRequest(
-        request_id=rid,
-        program_id=f"p-{rid}",
-        stage=0,
-        workflow="code/coder",
-        messages=(ChatMessage("user", "hi"),),
-        sampling=SamplingParams(max_tokens=16),
-    )
-    assert await q.enqueue(E, req, Prediction(10, 20), 1.0, time.time(), {})
+    assert await q.enqueue(E, stage_request(rid), Prediction(10, 20), 1.0, time.time(), {})
     (claimed,) = await q.claim(E, "w", 1, lease_s=LEASE_S)
     return claimed.attempt
 

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from worker_procs import stage_request
 
 from services.common.keys import Keys
 from services.common.queue import QueueStore
-from services.common.types import ChatMessage, Prediction, SamplingParams, StageRequest
+from services.common.types import Prediction
 from services.dispatcher.hub import StreamHub
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -25,15 +26,7 @@ async def _publish(store: QueueStore, engine: str, rid: str, text: str) -> None:
     """A delta of a running request (PUBLISH writes only for the attempt that holds it): queued and
     claimed first if it is not running yet."""
     if not await store.redis.exists(store.keys.request(engine, rid)):
-        req = StageRequest(
-            request_id=rid,
-            program_id=f"p-{rid}",
-            stage=0,
-            workflow="code/coder",
-            messages=(ChatMessage("user", "hi"),),
-            sampling=SamplingParams(max_tokens=16),
-        )
-        assert await store.enqueue(engine, req, Prediction(5, 5), 1.0, time.time(), {})
+        assert await store.enqueue(engine, stage_request(rid), Prediction(5, 5), 1.0, time.time(), {})
         assert [c.request.request_id for c in await store.claim(engine, "w", 1, lease_s=30)] == [rid]
     sent = await store.redis.hget(store.keys.request(engine, rid), "sent")
     end = int(sent.split(":")[1]) if sent else 0

@@ -8,86 +8,50 @@ engine died under running requests or while idle."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from worker_procs import ROOT, Spawner, stage_request, wait_until, worker_env
 
 from services.common.keys import Keys
 from services.common.queue import QueueStore
 from services.common.redis_proc import PrivateRedis
-from services.common.types import ChatMessage, Prediction, SamplingParams, StageRequest
+from services.common.types import Prediction, StageRequest
 
 pytestmark = pytest.mark.redis
 
 ENGINE = "eh"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _env(redis: PrivateRedis, keys: Keys, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        CHIMERA_REDIS_URL=redis.url,
-        CHIMERA_KEY_PREFIX=keys.prefix,
-        CHIMERA_WORKER_ENGINE_ID=ENGINE,
-        CHIMERA_WORKER_MODEL="sim-m",
-        CHIMERA_WORKER_ENGINE_KIND="simulated",
-        CHIMERA_WORKER_MAX_NUM_SEQS="2",
-        CHIMERA_WORKER_PREFETCH="1",
-        CHIMERA_WORKER_LEASE_S="30",  # long: anything back in the queue was handed back, not reaped
-        CHIMERA_WORKER_HEARTBEAT_S="0.2",
-        CHIMERA_WORKER_CLAIM_WAIT_S="0.2",
-        CHIMERA_WORKER_METRICS_PORT="0",
+    knobs = {
+        "CHIMERA_WORKER_LEASE_S": "30",  # long: anything back in the queue was handed back, not reaped
+        "CHIMERA_WORKER_HEARTBEAT_S": "0.2",
+        "CHIMERA_WORKER_METRICS_PORT": "0",
         # Long outputs: a request is still running when the fault injection kills the engine.
-        CHIMERA_WORKER_SIM_LENGTH_MEDIAN="100000",
-        CHIMERA_WORKER_SIM_LENGTH_SIGMA="0",
-        CHIMERA_WORKER_TIME_SCALE="4",
-        **extra,
-    )
-    return env
+        "CHIMERA_WORKER_SIM_LENGTH_MEDIAN": "100000",
+    }
+    return worker_env(redis, keys, ENGINE, **{**knobs, **extra})
 
 
 @pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[[dict[str, str], str], subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(env: dict[str, str], name: str) -> subprocess.Popen[bytes]:
-        log = (tmp_path / f"{name}.log").open("wb")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.worker"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
+def spawn(tmp_path: Path) -> Iterator[Spawner]:
+    spawner = Spawner(tmp_path)
+    yield spawner
+    spawner.close()
 
 
 def _req(rid: str) -> StageRequest:
-    return StageRequest(
-        request_id=rid,
-        program_id=f"prog-{rid}",
-        stage=0,
-        workflow="code/coder",
-        messages=(ChatMessage("user", f"Write a function named {rid}."),),
-        sampling=SamplingParams(max_tokens=100_000),
-    )
+    return stage_request(rid, max_tokens=100_000, program_id=f"prog-{rid}")
 
 
-async def _wait(cond: Callable[[], Awaitable[Any]], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not await cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
+_wait = wait_until
 
 
 def _healthcheck(redis: PrivateRedis, keys: Keys) -> subprocess.CompletedProcess[str]:

@@ -3,12 +3,8 @@ instrument): a SIGKILLed worker's requests are re-run by the next worker and ans
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,67 +12,36 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from worker_procs import Spawner, stage_request, wait_until, worker_env
 
 from services.common.keys import Keys
 from services.common.queue import QueueStore
 from services.common.redis_proc import PrivateRedis
-from services.common.types import ChatMessage, Prediction, SamplingParams, StageRequest
+from services.common.types import Prediction, StageRequest
 
 pytestmark = pytest.mark.redis
 
 ENGINE = "ek"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _env(redis: PrivateRedis, keys: Keys, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        CHIMERA_REDIS_URL=redis.url,
-        CHIMERA_KEY_PREFIX=keys.prefix,
-        CHIMERA_WORKER_ENGINE_ID=ENGINE,
-        CHIMERA_WORKER_MODEL="sim-m",
-        CHIMERA_WORKER_ENGINE_KIND="simulated",
-        CHIMERA_WORKER_MAX_NUM_SEQS="2",
-        CHIMERA_WORKER_PREFETCH="1",
-        CHIMERA_WORKER_LEASE_S="1.0",
-        CHIMERA_WORKER_CLAIM_WAIT_S="0.2",
+    knobs = {
+        "CHIMERA_WORKER_LEASE_S": "1.0",
         # Every output is 40 tokens; at batch 2 a step is ~34 ms / 4, so a request runs ~0.35 s.
-        CHIMERA_WORKER_SIM_LENGTH_MEDIAN="40",
-        CHIMERA_WORKER_SIM_LENGTH_SIGMA="0",
-        CHIMERA_WORKER_TIME_SCALE="4",
-        **extra,
-    )
-    return env
+        "CHIMERA_WORKER_SIM_LENGTH_MEDIAN": "40",
+    }
+    return worker_env(redis, keys, ENGINE, **{**knobs, **extra})
 
 
 @pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Any]:
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(env: dict[str, str], name: str) -> subprocess.Popen[bytes]:
-        log = (tmp_path / f"{name}.log").open("wb")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.worker"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
+def spawn(tmp_path: Path) -> Iterator[Spawner]:
+    spawner = Spawner(tmp_path)
+    yield spawner
+    spawner.close()
 
 
 def _req(rid: str) -> StageRequest:
-    return StageRequest(
-        request_id=rid,
-        program_id=f"prog-{rid}",
-        stage=0,
-        workflow="code/coder",
-        messages=(ChatMessage("user", f"Write a function named {rid}."),),
-        sampling=SamplingParams(max_tokens=1000),
-    )
+    return stage_request(rid, max_tokens=1000, program_id=f"prog-{rid}")
 
 
 async def _events(r: Redis, keys: Keys, rid: str) -> list[dict[str, Any]]:
@@ -84,10 +49,7 @@ async def _events(r: Redis, keys: Keys, rid: str) -> list[dict[str, Any]]:
 
 
 async def _wait(cond: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not await cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
+    await wait_until(cond, timeout, every_s=0.02)
 
 
 async def _finals(r: Redis, keys: Keys, rids: list[str]) -> dict[str, list[dict[str, Any]]]:

@@ -359,15 +359,7 @@ class QueueStore:
             ],
             args=[
                 request_id,
-                _ev(
-                    t="final",
-                    a=0,
-                    text="",
-                    finish_reason="cancelled",
-                    prompt_tokens=0,
-                    completion_tokens=0,
-                    reason=reason,
-                ),
+                _cancelled_event(reason),
                 self.retention.finished_ttl_s,
                 repr(time.time()),
                 self.retention.notify_maxlen,
