@@ -205,7 +205,7 @@ class QueueStore:
             keys=[k.queue(engine), k.claims(engine), k.inflight(engine), k.engine_info(engine)],
             args=[
                 n,
-                int((now + lease_s) * 1000),
+                int(lease_s * 1000),
                 worker_id,
                 repr(now),
                 self._req_prefix(engine),
@@ -237,7 +237,7 @@ class QueueStore:
         """Extend leases on ``held`` (request id -> attempt)."""
         if not held:
             return RenewResult(frozenset(), frozenset())
-        args: list[Any] = [int((time.time() + lease_s) * 1000), self._req_prefix(engine)]
+        args: list[Any] = [int(lease_s * 1000), self._req_prefix(engine)]
         for rid, attempt in held.items():
             args += [rid, attempt]
         lost, cancelled = await self._renew(keys=[self._k.claims(engine)], args=args)

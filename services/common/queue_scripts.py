@@ -27,6 +27,15 @@ local function release(inflight, info, id)
 end
 """
 
+# Lease deadlines are on Redis's clock: a deadline the worker computed before a command that then waited out
+# a Redis stall would already be past when it landed (and workers, reapers on other hosts disagree anyway).
+_NOW_MS = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"""
+
 # Every event of a request goes out through emit: appended to the request's output stream (which expires
 # ttl after its last event; trimmed to maxlen when given), and copied (request id, stream entry id, event)
 # into the engine's notify stream, which each dispatcher process reads with one blocking XREAD for all its
@@ -100,7 +109,7 @@ return 1
 """
 
 # KEYS: queue, claims, inflight, info
-# ARGV: n, lease_deadline_ms, worker_id, now_s, req_prefix, max_attempts (when info has none)
+# ARGV: n, lease_ms, worker_id, now_s, req_prefix, max_attempts (when info has none)
 # Pops up to n requests in score order and claims each. A request on its last chance (charged with
 # max_attempts - 1 worker deaths, see GIVE_BACK) runs alone: it is claimed only while the engine holds no
 # other claim, nothing is claimed past it meanwhile (it keeps its place), and while it runs the engine
@@ -108,7 +117,9 @@ return 1
 # Returns {id, payload, y, y90, t_enq, attempt, t_first_claim}*.
 CLAIM = (
     _RELEASE
+    + _NOW_MS
     + """
+local deadline = now_ms() + tonumber(ARGV[2])
 local limit = tonumber(redis.call('HGET', KEYS[4], 'max_attempts') or ARGV[6] or '3')
 local alone = redis.call('HGET', KEYS[4], 'isolating')
 if alone then
@@ -133,7 +144,7 @@ for _ = 1, tonumber(ARGV[1]) do
     -- Its queue wait is over: nothing expires while it runs (its lease guards against a dead worker).
     redis.call('PERSIST', rk)
     if attempt == 1 then redis.call('HSET', rk, 't_first_claim', ARGV[4]) end
-    redis.call('ZADD', KEYS[2], ARGV[2], id)
+    redis.call('ZADD', KEYS[2], deadline, id)
     local f = redis.call('HMGET', rk, 'payload', 'y', 'y90', 't_enq', 't_first_claim')
     out[#out + 1] = {id, f[1], f[2], f[3], f[4], tostring(attempt), f[5]}
     if last then
@@ -150,10 +161,13 @@ return out
 )
 
 # KEYS: claims
-# ARGV: lease_deadline_ms, req_prefix, then id, attempt pairs
+# ARGV: lease_ms, req_prefix, then id, attempt pairs
 # Extends the leases the caller still holds. Returns {lost_ids, cancel_ids}: requests whose lease the
 # caller no longer holds (re-run elsewhere or finished), and requests someone asked to cancel.
-RENEW = """
+RENEW = (
+    _NOW_MS
+    + """
+local deadline = now_ms() + tonumber(ARGV[1])
 local lost, cancel = {}, {}
 for i = 3, #ARGV, 2 do
   local id, attempt = ARGV[i], ARGV[i + 1]
@@ -162,12 +176,13 @@ for i = 3, #ARGV, 2 do
   if f[1] ~= attempt or f[2] ~= 'running' then
     lost[#lost + 1] = id
   else
-    redis.call('ZADD', KEYS[1], 'XX', ARGV[1], id)
+    redis.call('ZADD', KEYS[1], 'XX', deadline, id)
     if f[3] then cancel[#cancel + 1] = id end
   end
 end
 return {lost, cancel}
 """
+)
 
 # KEYS: req, claims, inflight, info, output, traces, notify
 # ARGV: id, attempt, final_state, event_json, trace_json ('' for none), retention_s, stream_maxlen,
@@ -263,16 +278,16 @@ end
 """
 
 # KEYS: claims, queue, inflight, info, notify
-# ARGV: now_ms, req_prefix, out_prefix, max_attempts (when info has none), retention_s, poison_message,
-#       now_s, notify_maxlen, queue_ttl_s, cancelled_event_json
+# ARGV: caller's now_ms (unused: leases are on Redis's clock), req_prefix, out_prefix, max_attempts (when
+#       info has none), retention_s, poison_message, now_s, notify_maxlen, queue_ttl_s, cancelled_event_json
 # Gives back (GIVE_BACK) every claim whose lease expired, each charged with its worker's death. Returns the
 # ids re-queued.
 # NOTE(stall): if no reaper reached the engine for longer than its worker's lease (Redis paused or away),
 # live workers could not renew meanwhile either, so an expired lease proves nothing yet: that round gives
-# nothing back and lets them renew first; the next round reaps as usual. Redis's own clock measures the gap,
-# as reapers on different hosts disagree about time.
+# nothing back and lets them renew first; the next round reaps as usual.
 REAP = (
     _RELEASE
+    + _NOW_MS
     + _EMIT
     + _GIVE_BACK
     + """
@@ -280,19 +295,18 @@ local c = {req_prefix = ARGV[2], out_prefix = ARGV[3], queue = KEYS[2], inflight
            notify = KEYS[5], limit = tonumber(redis.call('HGET', KEYS[4], 'max_attempts') or ARGV[4]),
            retention = ARGV[5], poison = ARGV[6], now = ARGV[7], notify_maxlen = ARGV[8],
            queue_ttl = ARGV[9], cancelled = ARGV[10]}
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local f = redis.call('HMGET', KEYS[4], 'lease_ms', 'reaped_ms', 'reap_held')
 if f[1] then  -- only a registered engine's hash: a hash created here would hold nothing else
-  redis.call('HSET', KEYS[4], 'reaped_ms', now_ms)
-  if f[2] and not f[3] and now_ms - tonumber(f[2]) > tonumber(f[1]) then
+  redis.call('HSET', KEYS[4], 'reaped_ms', now)
+  if f[2] and not f[3] and now - tonumber(f[2]) > tonumber(f[1]) then
     redis.call('HSET', KEYS[4], 'reap_held', 1)
     return {}
   end
   if f[3] then redis.call('HDEL', KEYS[4], 'reap_held') end
 end
 local requeued = {}
-local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 for _, id in ipairs(expired) do
   redis.call('ZREM', KEYS[1], id)
   local st = redis.call('HGET', ARGV[2] .. id, 'state')
