@@ -61,12 +61,19 @@ class FakePredictorServicer(predictor_pb2_grpc.PredictorServicer):  # type: igno
 
 
 async def fake_worker(store: QueueStore, engine: str, stop: asyncio.Event) -> None:
-    """Answers "Hello" in two deltas; holds requests whose task says "hold" until they are cancelled."""
+    """Answers "Hello" in two deltas; holds requests whose task says "hold" until they are cancelled; runs
+    those whose task says "rerun" twice (the first attempt dies after "Hel")."""
     held: dict[str, ClaimedRequest] = {}
     while not stop.is_set():
         for c in await store.claim(engine, "fake-worker", 8, lease_s=10):
             if "hold" in c.request.user_text():
                 held[c.request.request_id] = c
+                continue
+            if "rerun" in c.request.user_text() and c.attempt == 1:
+                # Its engine "dies" after the first delta: the request is handed back and runs again.
+                await store.publish_delta(engine, c.request.request_id, c.attempt, "Hel", 3)
+                await asyncio.sleep(0.3)
+                await store.return_claims(engine, [(c.request.request_id, c.attempt, True)])
                 continue
             end = 0
             for part in ("Hel", "lo"):

@@ -185,6 +185,22 @@ async def _error(call: Any) -> openai.APIStatusError:
     return err.value
 
 
+async def test_a_stream_whose_request_was_re_run_is_finished_not_failed(http: Http) -> None:
+    # The re-run reproduces the text (a seed from the request id; the fake answers the same), so the door
+    # sends the rest after what it already streamed instead of ending with stream_restarted.
+    stream = await http.client.chat.completions.create(
+        model="auto",
+        messages=[{"role": "user", "content": "rerun this"}],
+        stream=True,
+        extra_headers={"X-Chimera-Request-Id": "rerun-1"},
+    )
+    chunks = [c async for c in stream]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello"
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    _engine, fields = await _request_fields(http, "rerun-1")
+    assert fields["attempt"] == "2"
+
+
 async def test_errors_have_openai_shape_and_status(http: Http) -> None:
     c = http.client
     wizard: list[Any] = [{"role": "wizard", "content": "x"}]
