@@ -10,7 +10,8 @@ import pytest
 from redis.asyncio import Redis
 
 from services.common.keys import Keys
-from services.common.queue import QueueStore, Retention
+from services.common.queue import QueueStore
+from services.common.queue_records import Retention
 from services.common.redis_proc import PrivateRedis
 from services.common.types import ChatMessage, Prediction, SamplingParams, StageRequest, StageResult
 from services.dispatcher.config import DispatcherSettings

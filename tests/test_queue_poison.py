@@ -15,7 +15,8 @@ from redis.asyncio import Redis
 from worker_procs import stage_request
 
 from services.common.keys import Keys
-from services.common.queue import QueueStore, Retention
+from services.common.queue import QueueStore
+from services.common.queue_records import Retention
 from services.common.types import Prediction, StageRequest, StageResult
 
 pytestmark = pytest.mark.redis

@@ -10,7 +10,8 @@ import pytest
 from redis.asyncio import Redis
 
 from services.common.keys import Keys
-from services.common.queue import OutputEvent, QueueStore, Retention
+from services.common.queue import QueueStore
+from services.common.queue_records import OutputEvent, Retention
 from services.common.types import (
     ChatMessage,
     Prediction,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 from redis.asyncio import Redis
@@ -20,73 +19,18 @@ from redis.typing import EncodableT, KeyT, StreamIdT
 
 from services.common import queue_scripts as lua
 from services.common.keys import Keys, RequestField
+from services.common.queue_records import (
+    READ_BATCH,
+    EngineFull,
+    OutputEvent,
+    QueuedRequest,
+    RenewResult,
+    Retention,
+    cancelled_event,
+    event_json,
+    poison_message,
+)
 from services.common.types import ClaimedRequest, Prediction, StageRequest, StageResult, TraceRow
-
-READ_BATCH = 512  # output events one read returns at most
-
-
-class EngineFull(Exception):
-    """The engine holds more in-flight work than the request's admission bound allowed."""
-
-
-@dataclass(frozen=True, slots=True)
-class Retention:
-    # How long a request may wait for an engine; it never expires while it runs (leases and the reaper
-    # look after a dead worker's requests), and an output stream lives this long after its last event.
-    queue_ttl_s: int = 3600
-    finished_ttl_s: int = 300  # how long a finished request and its output stream stay readable
-    stream_maxlen: int = 10_000  # output events kept per request (deltas are coalesced by the worker)
-    notify_maxlen: int = 20_000  # event copies kept per engine (a reader further behind polls instead)
-    traces_maxlen: int = 200_000  # trace rows kept per engine
-    # Distinct worker deaths a request may be running in before it is failed as poison (queue_scripts'
-    # GIVE_BACK). Only the default: an engine's worker registers its own setting in the engine's info hash,
-    # which every reaper of that engine (the dispatcher's too) reads first.
-    max_attempts: int = 3
-
-
-@dataclass(frozen=True, slots=True)
-class RenewResult:
-    lost: frozenset[str]  # leases the worker no longer holds: stop working on these
-    cancelled: frozenset[str]  # cancellation requested: abort these and complete them as cancelled
-
-
-@dataclass(frozen=True, slots=True)
-class QueuedRequest:
-    """What a retry of a request needs to re-attach to it: whose it is and how it was scheduled."""
-
-    program_id: str
-    prediction: Prediction
-    score: float
-    enqueued_unix: float
-    state: str
-
-
-@dataclass(frozen=True, slots=True)
-class OutputEvent:
-    stream_id: str
-    data: dict[str, Any]
-
-
-def _ev(**kw: Any) -> str:
-    return json.dumps(kw, separators=(",", ":"))
-
-
-def _poison_message(engine: str) -> str:
-    # The script appends how many workers died running it and their ids.
-    return f"poison request: engine {engine} failed under it on every attempt"
-
-
-def _cancelled_event(reason: str) -> str:
-    # What CANCEL answers a queued request with: a cancelled request whose worker died ends the same way.
-    return _ev(
-        t="final",
-        a=0,
-        text="",
-        finish_reason="cancelled",
-        prompt_tokens=0,
-        completion_tokens=0,
-        reason=reason,
-    )
 
 
 class QueueStore:
@@ -259,7 +203,7 @@ class QueueStore:
                 keys=[k.output(engine, rid), k.notify(engine), k.request(engine, rid)],
                 args=[
                     rid,
-                    _ev(t="delta", a=attempt, text=text),
+                    event_json(t="delta", a=attempt, text=text),
                     r.stream_maxlen,
                     r.queue_ttl_s,
                     r.notify_maxlen,
@@ -279,7 +223,7 @@ class QueueStore:
     ) -> bool:
         """Finish a request with its result. False if this attempt no longer held it (nothing written)."""
         state = "cancelled" if result.finish_reason == "cancelled" else "done"
-        event = _ev(
+        event = event_json(
             t="final",
             a=claimed.attempt,
             text=result.text,
@@ -297,7 +241,7 @@ class QueueStore:
 
     async def fail(self, claimed: ClaimedRequest, code: str, message: str) -> bool:
         """Finish a request with an error (a gRPC status code name). False if the lease was lost."""
-        return await self._finish(claimed, "failed", _ev(t="error", code=code, message=message), None)
+        return await self._finish(claimed, "failed", event_json(t="error", code=code, message=message), None)
 
     async def _finish(self, c: ClaimedRequest, state: str, event: str, trace: TraceRow | None) -> bool:
         k, rid, r = self._k, c.request.request_id, self.retention
@@ -359,7 +303,7 @@ class QueueStore:
             ],
             args=[
                 request_id,
-                _cancelled_event(reason),
+                cancelled_event(reason),
                 self.retention.finished_ttl_s,
                 repr(time.time()),
                 self.retention.notify_maxlen,
@@ -385,11 +329,11 @@ class QueueStore:
                 k.output(engine, ""),
                 r.max_attempts,
                 r.finished_ttl_s,
-                _poison_message(engine),
+                poison_message(engine),
                 repr(now),
                 r.notify_maxlen,
                 r.queue_ttl_s,
-                _cancelled_event("cancelled; its worker died"),
+                cancelled_event("cancelled; its worker died"),
             ],
         )
         if ids:
@@ -408,11 +352,11 @@ class QueueStore:
             k.output(engine, ""),
             r.max_attempts,
             r.finished_ttl_s,
-            _poison_message(engine),
+            poison_message(engine),
             repr(time.time()),
             r.notify_maxlen,
             r.queue_ttl_s,
-            _cancelled_event("cancelled; its engine died"),
+            cancelled_event("cancelled; its engine died"),
         ]
         for rid, attempt, started in held:
             args += [rid, attempt, 1 if started else 0]

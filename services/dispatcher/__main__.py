@@ -8,7 +8,8 @@ import grpc
 
 from services.common.keys import Keys
 from services.common.logs import setup_logging
-from services.common.queue import QueueStore, Retention
+from services.common.queue import QueueStore
+from services.common.queue_records import Retention
 from services.common.redis_client import connect, connect_reader
 from services.dispatcher.coalesce import sources
 from services.dispatcher.config import DispatcherSettings

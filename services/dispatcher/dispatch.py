@@ -25,7 +25,8 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
 from services.common.keys import ProgramField
-from services.common.queue import EngineFull, QueueStore
+from services.common.queue import QueueStore
+from services.common.queue_records import EngineFull
 from services.common.snapshot import engine_ids, engines_from, queue_engine_reads, read_engines
 from services.common.types import EngineSnapshot, OutcomeRow, StageRequest
 from services.dispatcher.affinity import later_stage_route

@@ -35,7 +35,8 @@ from redis.asyncio import Redis
 from redis.typing import KeyT, StreamIdT
 
 from services.common.keys import Keys
-from services.common.queue import READ_BATCH, OutputEvent, QueueStore
+from services.common.queue import QueueStore
+from services.common.queue_records import READ_BATCH, OutputEvent
 from services.dispatcher.errors import REDIS_DOWN, StoreUnavailable, guarded
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from services.common.queue import OutputEvent, QueueStore
+from services.common.queue import QueueStore
+from services.common.queue_records import OutputEvent
 from services.dispatcher.errors import (
     REDIS_DOWN,
     DeadlineExceeded,

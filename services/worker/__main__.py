@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry
 from services.common.keys import Keys
 from services.common.logs import setup_logging
 from services.common.metrics import start_exporter
-from services.common.queue import QueueStore, Retention
+from services.common.queue import QueueStore
+from services.common.queue_records import Retention
 from services.common.redis_client import connect
 from services.worker.config import WorkerSettings
 from services.worker.engine.base import EngineDeadError
