@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
+from worker_procs import Spawner
 
 from services.common.keys import Keys
 from services.common.redis_proc import PrivateRedis, start_private_redis
@@ -31,3 +32,11 @@ async def redis_client(private_redis: PrivateRedis) -> AsyncIterator[Redis]:
     client = Redis.from_url(private_redis.url, decode_responses=True)
     yield client
     await client.aclose()
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Spawner]:
+    """Starts ``python -m services.worker`` processes; kills those still running after the test."""
+    spawner = Spawner(tmp_path)
+    yield spawner
+    spawner.close()

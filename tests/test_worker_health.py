@@ -11,13 +11,11 @@ import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from worker_procs import ROOT, Spawner, stage_request, wait_until, worker_env
+from worker_procs import ROOT, stage_request, wait_until, worker_env
 
 from services.common.keys import Keys
 from services.common.queue import QueueStore
@@ -38,13 +36,6 @@ def _env(redis: PrivateRedis, keys: Keys, **extra: str) -> dict[str, str]:
         "CHIMERA_WORKER_SIM_LENGTH_MEDIAN": "100000",
     }
     return worker_env(redis, keys, ENGINE, **{**knobs, **extra})
-
-
-@pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Spawner]:
-    spawner = Spawner(tmp_path)
-    yield spawner
-    spawner.close()
 
 
 def _req(rid: str) -> StageRequest:

@@ -313,32 +313,37 @@ class QueueStore:
 
     async def reap(self, engine: str) -> list[str]:
         """Re-queue requests whose worker's lease expired. Returns the re-queued ids."""
-        k, r = self._k, self.retention
         now = time.time()
-        ids = await self._reap(
-            keys=[
-                k.claims(engine),
-                k.queue(engine),
-                k.inflight(engine),
-                k.engine_info(engine),
-                k.notify(engine),
-            ],
-            args=[
-                int(now * 1000),
-                self._req_prefix(engine),
-                k.output(engine, ""),
-                r.max_attempts,
-                r.finished_ttl_s,
-                poison_message(engine),
-                repr(now),
-                r.notify_maxlen,
-                r.queue_ttl_s,
-                cancelled_event("cancelled; its worker died"),
-            ],
-        )
+        args = [int(now * 1000), *self._give_back_args(engine, "cancelled; its worker died", now)]
+        ids = await self._reap(keys=self._give_back_keys(engine), args=args)
         if ids:
-            await self._r.rpush(k.wake(engine), 1)
+            await self._r.rpush(self._k.wake(engine), 1)
         return list(ids)
+
+    def _give_back_keys(self, engine: str) -> list[KeyT]:
+        k = self._k
+        return [
+            k.claims(engine),
+            k.queue(engine),
+            k.inflight(engine),
+            k.engine_info(engine),
+            k.notify(engine),
+        ]
+
+    def _give_back_args(self, engine: str, cancelled_reason: str, now: float) -> list[EncodableT]:
+        """The arguments REAP and RETURN_CLAIMS share (queue_scripts' GIVE_BACK configuration)."""
+        r = self.retention
+        return [
+            self._req_prefix(engine),
+            self._k.output(engine, ""),
+            r.max_attempts,
+            r.finished_ttl_s,
+            poison_message(engine),
+            repr(now),
+            r.notify_maxlen,
+            r.queue_ttl_s,
+            cancelled_event(cancelled_reason),
+        ]
 
     async def return_claims(self, engine: str, held: Sequence[tuple[str, int, bool]]) -> list[str]:
         """Hand back the claims of a live worker whose engine died, (request id, attempt, started) each, at
@@ -346,32 +351,12 @@ class QueueStore:
         Returns the ids re-queued (the rest were failed as poison, cancelled, or no longer held)."""
         if not held:
             return []
-        k, r = self._k, self.retention
-        args: list[EncodableT] = [
-            self._req_prefix(engine),
-            k.output(engine, ""),
-            r.max_attempts,
-            r.finished_ttl_s,
-            poison_message(engine),
-            repr(time.time()),
-            r.notify_maxlen,
-            r.queue_ttl_s,
-            cancelled_event("cancelled; its engine died"),
-        ]
+        args = self._give_back_args(engine, "cancelled; its engine died", time.time())
         for rid, attempt, started in held:
             args += [rid, attempt, 1 if started else 0]
-        ids = await self._return_claims(
-            keys=[
-                k.claims(engine),
-                k.queue(engine),
-                k.inflight(engine),
-                k.engine_info(engine),
-                k.notify(engine),
-            ],
-            args=args,
-        )
+        ids = await self._return_claims(keys=self._give_back_keys(engine), args=args)
         if ids:
-            await self._r.rpush(k.wake(engine), 1)
+            await self._r.rpush(self._k.wake(engine), 1)
         return list(ids)
 
     async def read_many(
