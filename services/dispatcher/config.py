@@ -6,6 +6,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.common.config import CommonSettings
+from services.dispatcher import validate as v
 from services.policy.admission import DEFAULT_MAX_QUEUE_S, Bounds
 from services.policy.knobs import DEFAULT_KNOBS, DEFAULT_POLICY, Knobs
 from services.policy.registry import POLICIES
@@ -105,7 +106,44 @@ class DispatcherSettings(CommonSettings):
         default=256, ge=1, description="max_tokens when the request leaves it at 0"
     )
     max_tokens_limit: int = Field(default=8192, ge=1, description="largest max_tokens a request may ask for")
-    max_prompt_chars: int = Field(default=200_000, ge=1, description="largest total message size accepted")
+    max_prompt_chars: int = Field(
+        default=200_000,
+        ge=1,
+        description="largest prompt accepted: characters of all messages and stop sequences",
+    )
+    max_messages: int = Field(default=v.MAX_MESSAGES, ge=1, description="most messages one request may carry")
+    max_stop_sequences: int = Field(
+        default=v.MAX_STOP_SEQUENCES, ge=0, description="most stop sequences one request may carry"
+    )
+    max_stop_chars: int = Field(
+        default=v.MAX_STOP_CHARS, ge=1, description="longest stop sequence, in characters"
+    )
+    max_workflow_chars: int = Field(
+        default=v.MAX_WORKFLOW_CHARS, ge=1, description="longest workflow name (letters, digits and ._:/-)"
+    )
+    max_id_chars: int = Field(
+        default=v.MAX_ID_CHARS,
+        ge=8,
+        le=1000,
+        description="longest program or request id (letters, digits, ._:/@+=-: ids become Redis key names)",
+    )
+    max_stage: int = Field(
+        default=v.MAX_STAGE, ge=0, le=2**31 - 1, description="largest stage index accepted"
+    )
+    max_stage_skip: int = Field(
+        default=v.MAX_STAGE_SKIP,
+        ge=0,
+        description="how far a stage may run ahead of the one expected next (the program's last + 1, or 0 "
+        "for a program the table does not hold: an expired row, a framework skipping branches)",
+    )
+    max_metadata_chars: int = Field(
+        default=8192, ge=0, description="largest HTTP `metadata` object: characters of its keys and values"
+    )
+    max_body_bytes: int = Field(
+        default=8 * 2**20,
+        ge=1024,
+        description="largest HTTP request body; a larger one is refused with 413 before it is parsed",
+    )
     engine_dead_after_s: float = Field(
         default=15.0, gt=0, description="an engine whose heartbeat is older than this gets no new work"
     )
@@ -153,6 +191,20 @@ class DispatcherSettings(CommonSettings):
     def bounds(self) -> Bounds:
         """The admission bounds as the pure admission function takes them."""
         return Bounds(self.max_queue_s, self.brownout_margin)
+
+    def limits(self) -> v.Limits:
+        """The input limits as the pure checks of ``validate.py`` take them."""
+        return v.Limits(
+            max_tokens_limit=self.max_tokens_limit,
+            max_prompt_chars=self.max_prompt_chars,
+            max_messages=self.max_messages,
+            max_stop_sequences=self.max_stop_sequences,
+            max_stop_chars=self.max_stop_chars,
+            max_workflow_chars=self.max_workflow_chars,
+            max_id_chars=self.max_id_chars,
+            max_stage=self.max_stage,
+            max_stage_skip=self.max_stage_skip,
+        )
 
     def knobs(self) -> Knobs:
         """The policy knobs as the pure policy functions take them."""

@@ -46,12 +46,12 @@ from services.dispatcher.errors import (
 from services.dispatcher.gate import Gate
 from services.dispatcher.handoff import Dispatched, ProgramEnd, StreamItem
 from services.dispatcher.hub import StreamHub
-from services.dispatcher.intake import Intake, next_stage, stage_request
+from services.dispatcher.intake import Intake, admit, check_intake
 from services.dispatcher.metrics import DispatcherMetrics
 from services.dispatcher.reattach import reattach
 from services.dispatcher.stream import stream_output
 from services.dispatcher.upstream import Upstream
-from services.dispatcher.validate import Limits, check_id, validate_request
+from services.dispatcher.validate import check_id, check_stage_skip, validate_request
 from services.policy import contract
 from services.policy.contract import JobSize
 from services.policy.registry import POLICIES
@@ -108,7 +108,7 @@ class Dispatcher:
         self._policy = POLICIES[settings.policy]
         self._knobs = settings.knobs()
         self._clock = clock
-        self._limits = Limits(settings.max_tokens_limit, settings.max_prompt_chars)
+        self._limits = settings.limits()
         self.hub = hub or StreamHub(store, redis, settings.stream_block_ms)
         self._ids: list[str] = []
         self._ids_at = 0.0
@@ -169,11 +169,9 @@ class Dispatcher:
         started, t = time.perf_counter(), Timings()
 
         async def run() -> Dispatched:
-            check_id("program_id", intake.program_id)  # before it becomes part of a key name
+            check_intake(intake, self._limits)  # the program id becomes part of a key name
             program, engines = await self._state(t, intake.program_id)
-            stage = next_stage(program) if intake.stage is None else intake.stage
-            req = stage_request(intake, stage, self.settings, self._clock())
-            validate_request(req, self._limits)
+            req = admit(intake, program, self.settings, self._limits, self._clock())
             return await self._dispatch(req, program, engines, t, started)
 
         return await self._counted(run())
@@ -185,6 +183,7 @@ class Dispatcher:
         async def run() -> Dispatched:
             validate_request(req, self._limits)
             program, engines = await self._state(t, req.program_id)
+            check_stage_skip(req.stage, program, self._limits.max_stage_skip)
             return await self._dispatch(req, program, engines, t, started)
 
         return await self._counted(run())
@@ -380,7 +379,7 @@ class Dispatcher:
 
     async def end_program(self, program_id: str, outcome: float | None) -> ProgramEnd:
         """Cancel the program's outstanding stage, keep its outcome as a label, forget the assignment."""
-        check_id("program_id", program_id)
+        check_id("program_id", program_id, self._limits.max_id_chars)
         if outcome is not None and not 0.0 <= outcome <= 1.0:
             raise InvalidRequest(f"outcome must be in [0, 1], got {outcome}")
         t, k, f = Timings(), self._keys, ProgramField

@@ -2,12 +2,7 @@
 
 It shares the one ``Dispatcher`` with the gRPC server, so both doors see the same queues and programs.
 
-NOTE(identity): a workflow is named by headers (``X-Chimera-Program-Id``, ``X-Chimera-Stage``,
-``X-Chimera-Workflow``) or by the same names in the request's ``metadata`` (``program_id``, ``stage``,
-``workflow``); headers win. A request without a program id is a one-stage workflow: it gets a fresh program
-id and its program is ended as soon as it finishes, so nothing lingers in the program table. A request with
-a program id but no stage is the program's next stage (its last stage + 1, or 0 for a new program), which
-lets a framework that can only set one header still run a multi-stage workflow.
+The workflow identity (headers or ``metadata``) and the body-size guard are ``http_input``'s.
 
 NOTE(retries): when a worker dies mid-stream, the request is re-run and its deltas restart at a higher
 attempt. SSE cannot take text back, so the stream keeps forwarding only the first attempt's deltas and, at
@@ -23,9 +18,7 @@ import json
 import logging
 import socket
 import time
-import uuid
 from collections.abc import AsyncIterator, Generator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
@@ -36,8 +29,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common.types import ChatMessage
 from services.dispatcher.dispatch import Dispatcher
-from services.dispatcher.errors import DispatchError, InvalidRequest, Overloaded
+from services.dispatcher.errors import DispatchError, Overloaded
 from services.dispatcher.handoff import Delta, Dispatched, Final
+from services.dispatcher.http_input import (
+    BodyLimit,
+    BodyTooLarge,
+    Identity,
+    chat_messages,
+    check_metadata,
+    error_response,
+    prompt_messages,
+    resolve_identity,
+)
 from services.dispatcher.intake import AUTO_MODEL, Intake
 from services.dispatcher.openai_schema import (
     ChatCompletionRequest,
@@ -51,76 +54,7 @@ from services.dispatcher.openai_schema import (
 
 log = logging.getLogger(__name__)
 
-H_PROGRAM, H_STAGE, H_WORKFLOW = "x-chimera-program-id", "x-chimera-stage", "x-chimera-workflow"
-H_REQUEST, H_TIMEOUT = "x-chimera-request-id", "x-chimera-timeout-ms"
-DEFAULT_WORKFLOW = "default"
 _DISCONNECT_POLL_S = 0.5
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    """Who a request belongs to. ``stage`` None means "the program's next stage"."""
-
-    program_id: str
-    stage: int | None
-    workflow: str
-    one_shot: bool
-    request_id: str  # "": the dispatcher makes one
-    timeout_ms: int
-
-
-def _int(name: str, raw: str | None, default: int | None) -> int | None:
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidRequest(f"{name} must be an integer, got {raw!r}") from None
-    if value < 0:
-        raise InvalidRequest(f"{name} must be >= 0")
-    return value
-
-
-def resolve_identity(headers: Mapping[str, str], metadata: Mapping[str, str] | None) -> Identity:
-    """Workflow identity from headers, else metadata, else a fresh one-stage workflow (pure)."""
-    meta = metadata or {}
-
-    def pick(header: str, key: str) -> str | None:
-        value = headers.get(header)
-        return value if value is not None else meta.get(key)
-
-    program = (pick(H_PROGRAM, "program_id") or "").strip()
-    one_shot = not program
-    return Identity(
-        program_id=program or f"http-{uuid.uuid4().hex}",
-        stage=0 if one_shot else _int("stage", pick(H_STAGE, "stage"), None),
-        workflow=(pick(H_WORKFLOW, "workflow") or "").strip() or DEFAULT_WORKFLOW,
-        one_shot=one_shot,
-        request_id=(pick(H_REQUEST, "request_id") or "").strip(),
-        timeout_ms=_int("timeout_ms", pick(H_TIMEOUT, "timeout_ms"), 0) or 0,
-    )
-
-
-def chat_messages(body: ChatCompletionRequest) -> tuple[ChatMessage, ...]:
-    out = []
-    for i, m in enumerate(body.messages):
-        if m.content is None or isinstance(m.content, str):
-            text = m.content or ""
-        else:
-            if any(p.type != "text" for p in m.content):
-                raise InvalidRequest(f"messages[{i}].content: only text parts are supported")
-            text = "".join(p.text or "" for p in m.content)
-        # "developer" is OpenAI's newer name for the system role.
-        out.append(ChatMessage("system" if m.role == "developer" else m.role, text))
-    return tuple(out)
-
-
-def prompt_messages(body: CompletionRequest) -> tuple[ChatMessage, ...]:
-    if isinstance(body.prompt, list):
-        if len(body.prompt) != 1:
-            raise InvalidRequest("prompt: exactly one prompt per request is supported")
-        return (ChatMessage("user", body.prompt[0]),)
-    return (ChatMessage("user", body.prompt),)
 
 
 class OpenAIFrontDoor:
@@ -139,6 +73,7 @@ class OpenAIFrontDoor:
         app.add_exception_handler(RequestValidationError, _validation_error)
         app.add_exception_handler(StarletteHTTPException, _http_error)
         app.add_exception_handler(Exception, _unexpected_error)
+        app.add_middleware(BodyLimit, limit=self._d.settings.max_body_bytes)
         return app
 
     async def health(self) -> dict[str, str]:
@@ -163,6 +98,7 @@ class OpenAIFrontDoor:
         max_tokens: int | None,
         request: Request,
     ) -> Response:
+        check_metadata(body.metadata, self._d.settings.max_metadata_chars)
         ident = resolve_identity(request.headers, body.metadata)
         intake = Intake(
             program_id=ident.program_id,
@@ -290,22 +226,13 @@ def _sse(body: Mapping[str, Any]) -> str:
     return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
 
 
-def _error_response(status: int, body: dict[str, Any], retry_after: str | None = None) -> JSONResponse:
-    # Client errors will fail the same way again; tell OpenAI clients not to retry them.
-    retry = "true" if status in (429, 503, 504) else "false"
-    headers = {"x-should-retry": retry}
-    if retry_after is not None:
-        headers["retry-after"] = retry_after
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
 async def _dispatch_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, DispatchError)
     if isinstance(exc, Overloaded):
         # Busy is not down: 429 with when to come back, in OpenAI's rate-limit shape (never 503).
         body = error_body(str(exc), "rate_limit_error", "rate_limit_exceeded")
-        return _error_response(429, body, exc.retry_after)
-    return _error_response(*domain_error(exc.code, str(exc)))
+        return error_response(429, body, exc.retry_after)
+    return error_response(*domain_error(exc.code, str(exc)))
 
 
 async def _validation_error(_: Request, exc: Exception) -> Response:
@@ -313,19 +240,21 @@ async def _validation_error(_: Request, exc: Exception) -> Response:
     first = exc.errors()[0] if exc.errors() else {}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     message = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid request')}"
-    return _error_response(
+    return error_response(
         400, error_body(message, "invalid_request_error", "invalid_argument", ".".join(loc))
     )
 
 
 async def _http_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
-    return _error_response(exc.status_code, error_body(str(exc.detail), "invalid_request_error", None))
+    if isinstance(exc, BodyTooLarge):  # a size limit, shaped as the domain's other size limits are
+        return error_response(*domain_error("RESOURCE_EXHAUSTED", str(exc.detail)))
+    return error_response(exc.status_code, error_body(str(exc.detail), "invalid_request_error", None))
 
 
 async def _unexpected_error(_: Request, exc: Exception) -> Response:
     log.error("HTTP call failed", exc_info=exc)
-    return _error_response(500, error_body("dispatcher error; see its log", "server_error", "internal"))
+    return error_response(500, error_body("dispatcher error; see its log", "server_error", "internal"))
 
 
 def bind_tcp(host: str, port: int) -> socket.socket:

@@ -15,6 +15,14 @@ from dataclasses import dataclass
 from services.common.keys import ProgramField
 from services.common.types import ChatMessage, SamplingParams, StageRequest
 from services.dispatcher.config import DispatcherSettings
+from services.dispatcher.validate import (
+    Limits,
+    check_id,
+    check_stage,
+    check_stage_skip,
+    check_timeout_ms,
+    validate_request,
+)
 
 # The model name that lets the policy choose (as does an empty one).
 AUTO_MODEL = "auto"
@@ -75,3 +83,25 @@ def stage_request(intake: Intake, stage: int, settings: DispatcherSettings, now:
         received_unix=now,
         last_stage=intake.last_stage,
     )
+
+
+def check_intake(intake: Intake, limits: Limits) -> None:
+    """What must hold before the program row is read and the request built: the id is a key name, and the
+    deadline is computed from the timeout."""
+    check_id("program_id", intake.program_id, limits.max_id_chars)
+    check_timeout_ms(intake.timeout_ms)
+    if intake.stage is not None:
+        check_stage(intake.stage, limits.max_stage)
+
+
+def admit(
+    intake: Intake, program: Mapping[str, str], settings: DispatcherSettings, limits: Limits, now: float
+) -> StageRequest:
+    """The validated ``StageRequest`` of an intake, given its program's row (empty: a new program). Pure;
+    raises ``InvalidRequest`` or ``RequestTooLarge`` and nothing else."""
+    check_intake(intake, limits)
+    stage = next_stage(program) if intake.stage is None else intake.stage
+    req = stage_request(intake, stage, settings, now)
+    validate_request(req, limits)
+    check_stage_skip(req.stage, program, limits.max_stage_skip)
+    return req

@@ -1,53 +1,150 @@
-"""Input checks of the front door: everything cheap is refused before anything is written to Redis."""
+"""Input checks of the front door: everything cheap is refused before anything is written to Redis.
+
+Every check is a pure function of the request (and, for stage jumps, the program's row) and raises one of
+two errors: ``InvalidRequest`` (INVALID_ARGUMENT / HTTP 400) for a malformed field, ``RequestTooLarge``
+(RESOURCE_EXHAUSTED / HTTP 413) for an amount of data over a limit. Nothing else may escape: an input the
+checks let through must not fail later as INTERNAL.
+"""
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from services.common.keys import ProgramField
 from services.common.types import ROLES, StageRequest
 from services.dispatcher.errors import InvalidRequest, RequestTooLarge
 
-# Ids become parts of Redis key names and log lines: keep them short and free of whitespace.
-_ID = re.compile(r"^[\x21-\x7e]{1,200}$")
+# Defaults of the limits, shared with the settings (``config.py``) so that tests building ``Limits`` by hand
+# get production values for the limits they do not name.
+MAX_MESSAGES = 1000
+MAX_STOP_SEQUENCES = 16
+MAX_STOP_CHARS = 256
+MAX_WORKFLOW_CHARS = 200
+MAX_ID_CHARS = 200
+MAX_STAGE = 10_000
+MAX_STAGE_SKIP = 4
+# A wire bound, not a knob: gRPC's timeout_ms is a uint32, and the HTTP header gets the same range.
+MAX_TIMEOUT_MS = 2**32 - 1
+
+# Ids become parts of Redis key names (``chimera:prog:<id>``, ``chimera:{e}:req:<id>``) and log lines: no
+# whitespace, no hash-tag braces (a ``{`` would move a key to another Cluster slot), no glob characters
+# (``*?[]`` would widen a SCAN pattern), no quotes or backslashes.
+_ID = re.compile(r"[A-Za-z0-9._:/@+=-]+")
+_ID_CHARS = "letters, digits and . _ : / @ + = -"
+# Workflow names are predictor features, metric labels and report keys: a plain path-like name.
+_WORKFLOW = re.compile(r"[A-Za-z0-9._:/-]+")
+_WORKFLOW_CHARS = "letters, digits and . _ : / -"
+# A lone UTF-16 surrogate (JSON "\ud800") is a str Python holds but cannot encode as UTF-8: Redis, gRPC
+# and the engines would all fail on it later.
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
     max_tokens_limit: int
-    max_prompt_chars: int
+    max_prompt_chars: int  # messages and stop sequences together
+    max_messages: int = MAX_MESSAGES
+    max_stop_sequences: int = MAX_STOP_SEQUENCES
+    max_stop_chars: int = MAX_STOP_CHARS  # each stop sequence
+    max_workflow_chars: int = MAX_WORKFLOW_CHARS
+    max_id_chars: int = MAX_ID_CHARS
+    max_stage: int = MAX_STAGE
+    max_stage_skip: int = MAX_STAGE_SKIP
 
 
-def check_id(kind: str, value: str) -> None:
+def check_id(kind: str, value: str, max_chars: int = MAX_ID_CHARS) -> None:
     if not value:
         raise InvalidRequest(f"{kind} is required")
-    if not _ID.match(value):
-        raise InvalidRequest(f"{kind} must be 1-200 printable ASCII characters without spaces")
+    if len(value) > max_chars:
+        raise InvalidRequest(f"{kind} has {len(value)} characters; the limit is {max_chars}")
+    if not _ID.fullmatch(value):
+        raise InvalidRequest(f"{kind} may hold only {_ID_CHARS}")
+
+
+def check_text(field: str, value: str) -> None:
+    if _SURROGATE.search(value):
+        raise InvalidRequest(f"{field} holds a lone UTF-16 surrogate; text must be valid Unicode")
+
+
+def check_workflow(workflow: str, max_chars: int) -> None:
+    if not workflow.strip():
+        raise InvalidRequest("workflow is required")
+    if len(workflow) > max_chars:
+        raise InvalidRequest(f"workflow has {len(workflow)} characters; the limit is {max_chars}")
+    if not _WORKFLOW.fullmatch(workflow):
+        raise InvalidRequest(f"workflow may hold only {_WORKFLOW_CHARS}")
+
+
+def check_stage(stage: int, max_stage: int) -> None:
+    if not 0 <= stage <= max_stage:
+        raise InvalidRequest(f"stage must be in [0, {max_stage}], got {stage}")
+
+
+def check_timeout_ms(timeout_ms: int) -> None:
+    if not 0 <= timeout_ms <= MAX_TIMEOUT_MS:
+        raise InvalidRequest(f"timeout_ms must be in [0, {MAX_TIMEOUT_MS}], got {timeout_ms}")
+
+
+def check_stage_skip(stage: int, program: Mapping[str, str], max_skip: int) -> None:
+    """A stage may run ahead of the stage expected next (the program's last + 1; 0 for a program the table
+    does not hold) by at most ``max_skip``. A skip is allowed at all because the table is not the source of
+    truth: a row expires after ``program_ttl_s`` idle, and frameworks that number graph nodes skip the
+    branches not taken. Going backwards is the ASSIGN script's to refuse (it sees the row atomically)."""
+    last = program.get(ProgramField.STAGE)
+    expected = 0 if last is None else int(last) + 1
+    if stage > expected + max_skip:
+        whose = "a new program" if last is None else f"program's last stage {last}"
+        raise InvalidRequest(
+            f"stage {stage} skips ahead of {whose}: at most stage {expected + max_skip} "
+            f"(max_stage_skip={max_skip})"
+        )
+
+
+def check_stop(stop: Iterable[str], limits: Limits) -> None:
+    stop = tuple(stop)
+    if len(stop) > limits.max_stop_sequences:
+        raise InvalidRequest(f"stop has {len(stop)} sequences; the limit is {limits.max_stop_sequences}")
+    for i, s in enumerate(stop):
+        if len(s) > limits.max_stop_chars:
+            raise InvalidRequest(f"stop[{i}] has {len(s)} characters; the limit is {limits.max_stop_chars}")
+        check_text(f"stop[{i}]", s)
 
 
 def validate_request(req: StageRequest, limits: Limits) -> None:
     """Raise ``InvalidRequest`` or ``RequestTooLarge`` for a request no engine should see."""
-    check_id("program_id", req.program_id)
-    check_id("request_id", req.request_id)
-    if not req.workflow.strip():
-        raise InvalidRequest("workflow is required")
-    if req.stage < 0:
-        raise InvalidRequest("stage must be >= 0")
+    check_id("program_id", req.program_id, limits.max_id_chars)
+    check_id("request_id", req.request_id, limits.max_id_chars)
+    check_workflow(req.workflow, limits.max_workflow_chars)
+    check_stage(req.stage, limits.max_stage)
     if not req.messages:
         raise InvalidRequest("messages must not be empty")
+    if len(req.messages) > limits.max_messages:
+        raise RequestTooLarge(f"messages has {len(req.messages)} entries; the limit is {limits.max_messages}")
     for i, m in enumerate(req.messages):
         if m.role not in ROLES:
             raise InvalidRequest(f"messages[{i}].role {m.role!r} is not one of {sorted(ROLES)}")
+    s = req.sampling
+    check_stop(s.stop, limits)
+    # Stop sequences travel with the prompt to the engine, so they count towards its size.
+    size = sum(len(m.content) for m in req.messages) + sum(len(x) for x in s.stop)
+    if size > limits.max_prompt_chars:
+        raise RequestTooLarge(
+            f"prompt (messages and stop) has {size} characters; the limit is {limits.max_prompt_chars}"
+        )
+    for i, m in enumerate(req.messages):
+        check_text(f"messages[{i}].content", m.content)
     if not any(m.role == "user" and m.content.strip() for m in req.messages):
         raise InvalidRequest("messages need at least one non-empty user message (the task text)")
-    s = req.sampling
+    if req.model_pin is not None:
+        check_text("model", req.model_pin)
     if not 1 <= s.max_tokens <= limits.max_tokens_limit:
         raise InvalidRequest(f"max_tokens must be in [1, {limits.max_tokens_limit}], got {s.max_tokens}")
     if not (math.isfinite(s.temperature) and 0.0 <= s.temperature <= 2.0):
         raise InvalidRequest("temperature must be in [0, 2]")
     if not (math.isfinite(s.top_p) and 0.0 < s.top_p <= 1.0):
         raise InvalidRequest("top_p must be in (0, 1]")
-    size = sum(len(m.content) for m in req.messages)
-    if size > limits.max_prompt_chars:
-        raise RequestTooLarge(f"prompt has {size} characters; the limit is {limits.max_prompt_chars}")
+    if s.seed is not None and not 0 <= s.seed < 2**64:
+        raise InvalidRequest("seed must be in [0, 2**64)")
