@@ -32,6 +32,7 @@ class Stack:
     keys: Keys
     store: QueueStore
     settings: DispatcherSettings
+    addr: str
 
 
 @contextlib.asynccontextmanager
@@ -50,7 +51,7 @@ async def stack(private_redis: PrivateRedis, keys: Keys, redis_client: Redis) ->
         _dispatcher(settings, redis_client, keys) as addr,
         grpc.aio.insecure_channel(addr) as ch,
     ):
-        yield Stack(dispatcher_pb2_grpc.DispatcherStub(ch), redis_client, keys, store, settings)
+        yield Stack(dispatcher_pb2_grpc.DispatcherStub(ch), redis_client, keys, store, settings, addr)
 
 
 def _gen(
@@ -160,6 +161,50 @@ def _unknown_model(r: pb.GenerateRequest) -> None:
     r.model = "m-huge"
 
 
+def _fifty_thousand_messages(r: pb.GenerateRequest) -> None:
+    r.messages.extend(pb.ChatMessage(role="user", content="") for _ in range(50_000))
+
+
+def _new_program_at_stage_7(r: pb.GenerateRequest) -> None:
+    r.stage = 7  # over max_stage_skip (4) ahead of a new program's stage 0
+
+
+def _huge_stage(r: pb.GenerateRequest) -> None:
+    r.stage = 2**32 - 1
+
+
+def _huge_workflow(r: pb.GenerateRequest) -> None:
+    r.workflow = "w" * 100_000
+
+
+def _workflow_with_space(r: pb.GenerateRequest) -> None:
+    r.workflow = "code coder"
+
+
+def _redis_key_program(r: pb.GenerateRequest) -> None:
+    r.program_id = "chimera:{e0}:queue"
+
+
+def _glob_request_id(r: pb.GenerateRequest) -> None:
+    r.request_id = "r-*"
+
+
+def _long_request_id(r: pb.GenerateRequest) -> None:
+    r.request_id = "r" * 201
+
+
+def _many_stops(r: pb.GenerateRequest) -> None:
+    r.sampling.stop.extend(str(i) for i in range(17))
+
+
+def _long_stop(r: pb.GenerateRequest) -> None:
+    r.sampling.stop.append("s" * 257)
+
+
+def _stops_over_the_prompt_limit(r: pb.GenerateRequest) -> None:
+    r.sampling.stop.extend(f"{i:02d}" + "s" * 198 for i in range(10))  # 2,000 characters, plus the messages
+
+
 @pytest.mark.parametrize(
     ("mutate", "code"),
     [
@@ -170,6 +215,17 @@ def _unknown_model(r: pb.GenerateRequest) -> None:
         (_too_many_tokens, grpc.StatusCode.INVALID_ARGUMENT),
         (_huge_prompt, grpc.StatusCode.RESOURCE_EXHAUSTED),
         (_unknown_model, grpc.StatusCode.NOT_FOUND),
+        (_fifty_thousand_messages, grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (_new_program_at_stage_7, grpc.StatusCode.INVALID_ARGUMENT),
+        (_huge_stage, grpc.StatusCode.INVALID_ARGUMENT),
+        (_huge_workflow, grpc.StatusCode.INVALID_ARGUMENT),
+        (_workflow_with_space, grpc.StatusCode.INVALID_ARGUMENT),
+        (_redis_key_program, grpc.StatusCode.INVALID_ARGUMENT),
+        (_glob_request_id, grpc.StatusCode.INVALID_ARGUMENT),
+        (_long_request_id, grpc.StatusCode.INVALID_ARGUMENT),
+        (_many_stops, grpc.StatusCode.INVALID_ARGUMENT),
+        (_long_stop, grpc.StatusCode.INVALID_ARGUMENT),
+        (_stops_over_the_prompt_limit, grpc.StatusCode.RESOURCE_EXHAUSTED),
     ],
 )
 async def test_bad_input_is_refused_and_leaves_nothing(
@@ -178,6 +234,31 @@ async def test_bad_input_is_refused_and_leaves_nothing(
     req = _gen(program="p-bad", request_id="r-bad")
     mutate(req)  # type: ignore[operator]
     assert await _code(stack.stub, req) == code
+    assert await _state_keys(stack.redis, stack.keys) == set()
+
+
+async def test_a_stage_may_skip_ahead_only_by_max_stage_skip(stack: Stack) -> None:
+    await _collect(stack.stub, _gen(program="p-skip", stage=0, request_id="r-k0"))
+    before = await _state_keys(stack.redis, stack.keys)
+    skip = stack.settings.max_stage_skip
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _collect(stack.stub, _gen(program="p-skip", stage=2 + skip, request_id="r-k-far"))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "max_stage_skip" in (err.value.details() or "")
+    assert await _state_keys(stack.redis, stack.keys) == before
+    assert await stack.redis.hget(stack.keys.program("p-skip"), "stage") == "0"
+    out = await _collect(stack.stub, _gen(program="p-skip", stage=1 + skip, request_id="r-k-ok"))
+    assert out[-1].final.text == "Hello"
+
+
+async def test_undecodable_text_is_invalid_argument(stack: Stack) -> None:
+    """A lone surrogate cannot be encoded by a client library, but its bytes (CESU-8) can be sent raw."""
+    raw = _gen(program="p-utf", request_id="r-utf", text="AB").SerializeToString().replace(b"AB", b"\xed\xa0")
+    async with grpc.aio.insecure_channel(stack.addr) as ch:
+        call = ch.unary_stream("/chimera.dispatcher.v1.Dispatcher/Generate")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            _ = [r async for r in call(raw, timeout=10)]
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert await _state_keys(stack.redis, stack.keys) == set()
 
 

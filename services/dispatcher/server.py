@@ -7,8 +7,9 @@ import contextlib
 import logging
 import signal
 from collections import defaultdict
-from collections.abc import AsyncIterator
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -20,7 +21,7 @@ from chimera.dispatcher.v1 import dispatcher_pb2_grpc
 from services.common.grpc_status import status_codes
 from services.common.types import ChatMessage
 from services.dispatcher.dispatch import Dispatcher
-from services.dispatcher.errors import DispatchError, Overloaded
+from services.dispatcher.errors import DispatchError, InvalidRequest, Overloaded
 from services.dispatcher.handoff import Delta, Final
 from services.dispatcher.intake import Intake
 from services.dispatcher.reaper import reap_forever
@@ -28,6 +29,54 @@ from services.dispatcher.reaper import reap_forever
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Dispatcher"].full_name
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """A request whose bytes do not parse, typically a string field that is not UTF-8 (a lone surrogate
+    sent as CESU-8). gRPC would answer UNKNOWN from its own deserializer; the servicer answers
+    INVALID_ARGUMENT instead."""
+
+    error: str
+
+
+def _lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception as e:  # protobuf's DecodeError; whatever parsing raises, the bytes are bad
+            return Undecodable(str(e))
+
+    return deserialize
+
+
+def decoded(request: object) -> None:
+    if isinstance(request, Undecodable):
+        raise InvalidRequest(f"the request does not parse (strings must be valid UTF-8): {request.error}")
+
+
+def add_servicer(servicer: DispatcherServicer, server: grpc.aio.Server) -> None:
+    """``add_DispatcherServicer_to_server`` with deserializers that hand an undecodable request to the
+    servicer (see ``Undecodable``)."""
+    handlers = {
+        "Generate": grpc.unary_stream_rpc_method_handler(
+            servicer.Generate,
+            request_deserializer=_lenient(pb.GenerateRequest.FromString),
+            response_serializer=pb.GenerateResponse.SerializeToString,
+        ),
+        "EndProgram": grpc.unary_unary_rpc_method_handler(
+            servicer.EndProgram,
+            request_deserializer=_lenient(pb.EndProgramRequest.FromString),
+            response_serializer=pb.EndProgramResponse.SerializeToString,
+        ),
+        "ListModels": grpc.unary_unary_rpc_method_handler(
+            servicer.ListModels,
+            request_deserializer=_lenient(pb.ListModelsRequest.FromString),
+            response_serializer=pb.ListModelsResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 def intake_of(msg: pb.GenerateRequest) -> Intake:
@@ -96,6 +145,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):  # type: ignor
     async def Generate(  # noqa: N802 (gRPC method name)
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
+        decoded(request)
         dispatched = await self._d.submit(intake_of(request))
         async for item in self._d.stream(dispatched):
             if isinstance(item, Delta):
@@ -107,6 +157,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):  # type: ignor
     async def EndProgram(  # noqa: N802
         self, request: pb.EndProgramRequest, context: grpc.aio.ServicerContext
     ) -> pb.EndProgramResponse:
+        decoded(request)
         outcome = request.outcome if request.HasField("outcome") else None
         end = await self._d.end_program(request.program_id, outcome)
         return pb.EndProgramResponse(found=end.found, cancelled_requests=end.cancelled_requests)
@@ -115,6 +166,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):  # type: ignor
     async def ListModels(  # noqa: N802
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListModelsResponse:
+        decoded(request)
         by_model: dict[str, list[pb.EngineStatus]] = defaultdict(list)
         for snap in await self._d.engines():
             by_model[snap.model].append(
@@ -150,7 +202,7 @@ class DispatcherServer:
     async def start(self) -> int:
         """Bind, start serving and reaping; returns the bound port."""
         s = self.settings
-        dispatcher_pb2_grpc.add_DispatcherServicer_to_server(DispatcherServicer(self.dispatcher), self.server)
+        add_servicer(DispatcherServicer(self.dispatcher), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
