@@ -397,3 +397,86 @@ def test_every_domain_error_has_its_own_http_status() -> None:
     }
     # A worker's own failure code (RequestFailed) that has no entry is a server error, not a crash.
     assert domain_error("DATA_LOSS", "")[0] == 500
+
+
+async def _raw(
+    h: Http, body: bytes | dict[str, Any], headers: dict[str, str] | None = None
+) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=h.base_url, timeout=20) as c:
+        if isinstance(body, dict):
+            return await c.post("/chat/completions", json=body, headers=headers)
+        hs = {"content-type": "application/json", **(headers or {})}
+        return await c.post("/chat/completions", content=body, headers=hs)
+
+
+async def _http_state_keys(h: Http) -> set[str]:
+    found = {k async for k in h.redis.scan_iter(match=f"{h.keys.prefix}:*", count=500)}
+    return {k for k in found if ":req:" in k or ":prog:" in k}
+
+
+CHAT: dict[str, Any] = {"model": "auto", "messages": MESSAGES}
+WF = {"X-Chimera-Program-Id": "wf-lim"}
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "needle"),
+    [
+        ({**CHAT, "messages": [{"role": "user", "content": "x"}] * 50_000}, {}, 413, "messages"),
+        (CHAT, {**WF, "X-Chimera-Stage": "7"}, 400, "max_stage_skip"),
+        (CHAT, {**WF, "X-Chimera-Stage": "9" * 20}, 400, "stage"),
+        (CHAT, {**WF, "X-Chimera-Stage": "9" * 400}, 400, "stage"),
+        (CHAT, {**WF, "X-Chimera-Stage": "-1"}, 400, "stage"),
+        (CHAT, {"X-Chimera-Timeout-Ms": "9" * 400}, 400, "timeout_ms"),
+        (CHAT, {"X-Chimera-Timeout-Ms": "9" * 20}, 400, "timeout_ms"),
+        (CHAT, {"X-Chimera-Timeout-Ms": "soon"}, 400, "timeout_ms"),
+        (CHAT, {"X-Chimera-Workflow": "w" * 201}, 400, "workflow"),
+        (CHAT, {"X-Chimera-Workflow": "my workflow"}, 400, "workflow"),
+        (CHAT, {"X-Chimera-Program-Id": "chimera:{e0}:queue"}, 400, "program_id"),
+        (CHAT, {"X-Chimera-Request-Id": "r" * 201}, 400, "request_id"),
+        ({**CHAT, "metadata": {"workflow": "w" * 100_000}}, {}, 413, "metadata"),
+        ({**CHAT, "stop": [str(i) for i in range(17)]}, {}, 400, "stop"),
+        ({**CHAT, "stop": "s" * 257}, {}, 400, "stop"),
+        ({**CHAT, "stop": ["s" * 250] * 8}, {}, 413, "prompt"),
+        (b'{"model":"auto","messages":[{"role":"user","content":"hi \\ud800"}]}', {}, 400, "surrogate"),
+        (
+            b'{"model":"auto","messages":[{"role":"user","content":"hi"}],"stop":"\\udfff"}',
+            {},
+            400,
+            "surrogate",
+        ),
+        # pydantic itself refuses this one (a constrained str): still a 400 naming the field.
+        (b'{"model":"\\ud800","messages":[{"role":"user","content":"hi"}]}', {}, 400, "model"),
+        (
+            b'{"model":"auto","messages":[{"role":"user","content":"hi"}],"metadata":{"k":"\\ud800"}}',
+            {},
+            400,
+            "surrogate",
+        ),
+    ],
+)
+async def test_inputs_that_could_hurt_are_refused_and_leave_nothing(
+    http: Http, body: bytes | dict[str, Any], headers: dict[str, str], status: int, needle: str
+) -> None:
+    resp = await _raw(http, body, headers)
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert needle in error["message"]
+    assert error["code"] == ("resource_exhausted" if status == 413 else "invalid_argument")
+    assert await _http_state_keys(http) == set()
+
+
+async def test_a_huge_body_is_413_before_it_is_parsed(http: Http) -> None:
+    huge = b'{"model":"auto","messages":[{"role":"user","content":"' + b"x" * (9 * 2**20) + b'"}]}'
+    declared = await _raw(http, huge)
+    assert declared.status_code == 413 and declared.json()["error"]["code"] == "resource_exhausted"
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: counted as it arrives
+        for i in range(0, len(huge), 2**20):
+            yield huge[i : i + 2**20]
+
+    async with httpx.AsyncClient(base_url=http.base_url, timeout=20) as c:
+        chunked = await c.post(
+            "/chat/completions", content=chunks(), headers={"content-type": "application/json"}
+        )
+    assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "resource_exhausted"
+    assert await _http_state_keys(http) == set()
