@@ -29,7 +29,7 @@ async def _publish(store: QueueStore, engine: str, rid: str, text: str) -> None:
         assert await store.enqueue(engine, stage_request(rid), Prediction(5, 5), 1.0, time.time(), {})
         assert [c.request.request_id for c in await store.claim(engine, "w", 1, lease_s=30)] == [rid]
     sent = await store.redis.hget(store.keys.request(engine, rid), "sent")
-    end = int(sent.split(":")[1]) if sent else 0
+    end = int(sent or 0)
     assert await store.publish_delta(engine, rid, 1, text, end + len(text))
 
 

@@ -260,7 +260,7 @@ class RequestField:
     DEATHS: Final = "deaths"  # distinct worker deaths it was charged with (see queue_scripts GIVE_BACK)
     DIED_ON: Final = "died_on"  # JSON list of those workers' ids
     REATTACHED: Final = "reattached"  # when a client's retry last re-attached to it (unix s)
-    SENT: Final = "sent"  # "attempt:chars" of the last delta published (PUBLISH writes each delta once)
+    SENT: Final = "sent"  # chars of the current attempt's text published (PUBLISH writes each delta once)
 
 
 class ProgramField:

@@ -313,8 +313,7 @@ class QueueStore:
 
     async def reap(self, engine: str) -> list[str]:
         """Re-queue requests whose worker's lease expired. Returns the re-queued ids."""
-        now = time.time()
-        args = [int(now * 1000), *self._give_back_args(engine, "cancelled; its worker died", now)]
+        args = self._give_back_args(engine, "cancelled; its worker died", time.time())
         ids = await self._reap(keys=self._give_back_keys(engine), args=args)
         if ids:
             await self._r.rpush(self._k.wake(engine), 1)

@@ -59,18 +59,16 @@ end
 # notifies, only while ``attempt`` holds the running request: a worker whose lease was lost (its request
 # re-run elsewhere) cannot write into the stream the new attempt is filling, so no reader ever gets two
 # attempts' text. ``end`` is the attempt's text length once this delta is in; the request keeps the last
-# one written ('sent' = "attempt:end"), so a write retried after its reply was lost is not appended twice.
+# one written ('sent', reset by each CLAIM), so a write retried after its reply was lost is not appended
+# twice.
 # Returns 1 if appended, 0 if fenced off.
 PUBLISH = (
     _EMIT
     + """
 local f = redis.call('HMGET', KEYS[3], 'attempt', 'state', 'sent')
 if f[1] ~= ARGV[6] or f[2] ~= 'running' then return 0 end
-if f[3] then
-  local a, e = string.match(f[3], '^(%d+):(%d+)$')
-  if a == ARGV[6] and tonumber(e) >= tonumber(ARGV[7]) then return 0 end
-end
-redis.call('HSET', KEYS[3], 'sent', ARGV[6] .. ':' .. ARGV[7])
+if tonumber(f[3] or '0') >= tonumber(ARGV[7]) then return 0 end
+redis.call('HSET', KEYS[3], 'sent', ARGV[7])
 emit(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[4], ARGV[5], ARGV[3])
 return 1
 """
@@ -140,7 +138,7 @@ for _ = 1, tonumber(ARGV[1]) do
       break
     end
     local attempt = redis.call('HINCRBY', rk, 'attempt', 1)
-    redis.call('HSET', rk, 'state', 'running', 'worker', ARGV[3], 't_claim', ARGV[4])
+    redis.call('HSET', rk, 'state', 'running', 'worker', ARGV[3], 't_claim', ARGV[4], 'sent', 0)
     -- Its queue wait is over: nothing expires while it runs (its lease guards against a dead worker).
     redis.call('PERSIST', rk)
     if attempt == 1 then redis.call('HSET', rk, 't_first_claim', ARGV[4]) end
@@ -275,11 +273,21 @@ local function give_back(id, charge, c)
   redis.call('ZADD', c.queue, f[1], id)
   return true
 end
+
+-- GIVE_BACK's configuration from the ARGV both REAP and RETURN_CLAIMS start with: req_prefix, out_prefix,
+-- max_attempts (when info has none), retention_s, poison_message, now_s, notify_maxlen, queue_ttl_s,
+-- cancelled_event_json.
+local function give_back_config()
+  return {req_prefix = ARGV[1], out_prefix = ARGV[2], queue = KEYS[2], inflight = KEYS[3], info = KEYS[4],
+          notify = KEYS[5], limit = tonumber(redis.call('HGET', KEYS[4], 'max_attempts') or ARGV[3]),
+          retention = ARGV[4], poison = ARGV[5], now = ARGV[6], notify_maxlen = ARGV[7],
+          queue_ttl = ARGV[8], cancelled = ARGV[9]}
+end
 """
 
 # KEYS: claims, queue, inflight, info, notify
-# ARGV: caller's now_ms (unused: leases are on Redis's clock), req_prefix, out_prefix, max_attempts (when
-#       info has none), retention_s, poison_message, now_s, notify_maxlen, queue_ttl_s, cancelled_event_json
+# ARGV: req_prefix, out_prefix, max_attempts (when info has none), retention_s, poison_message, now_s,
+#       notify_maxlen, queue_ttl_s, cancelled_event_json (leases are judged on Redis's clock)
 # Gives back (GIVE_BACK) every claim whose lease expired, each charged with its worker's death. Returns the
 # ids re-queued.
 # NOTE(stall): if no reaper reached the engine for longer than its worker's lease (Redis paused or away),
@@ -291,10 +299,7 @@ REAP = (
     + _EMIT
     + _GIVE_BACK
     + """
-local c = {req_prefix = ARGV[2], out_prefix = ARGV[3], queue = KEYS[2], inflight = KEYS[3], info = KEYS[4],
-           notify = KEYS[5], limit = tonumber(redis.call('HGET', KEYS[4], 'max_attempts') or ARGV[4]),
-           retention = ARGV[5], poison = ARGV[6], now = ARGV[7], notify_maxlen = ARGV[8],
-           queue_ttl = ARGV[9], cancelled = ARGV[10]}
+local c = give_back_config()
 local now = now_ms()
 local f = redis.call('HMGET', KEYS[4], 'lease_ms', 'reaped_ms', 'reap_held')
 if f[1] then  -- only a registered engine's hash: a hash created here would hold nothing else
@@ -309,7 +314,7 @@ local requeued = {}
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 for _, id in ipairs(expired) do
   redis.call('ZREM', KEYS[1], id)
-  local st = redis.call('HGET', ARGV[2] .. id, 'state')
+  local st = redis.call('HGET', ARGV[1] .. id, 'state')
   if st == 'running' then
     if give_back(id, true, c) then requeued[#requeued + 1] = id end
   elseif not st then
@@ -331,10 +336,7 @@ RETURN_CLAIMS = (
     + _EMIT
     + _GIVE_BACK
     + """
-local c = {req_prefix = ARGV[1], out_prefix = ARGV[2], queue = KEYS[2], inflight = KEYS[3], info = KEYS[4],
-           notify = KEYS[5], limit = tonumber(redis.call('HGET', KEYS[4], 'max_attempts') or ARGV[3]),
-           retention = ARGV[4], poison = ARGV[5], now = ARGV[6], notify_maxlen = ARGV[7],
-           queue_ttl = ARGV[8], cancelled = ARGV[9]}
+local c = give_back_config()
 local requeued = {}
 for i = 10, #ARGV, 3 do
   local id = ARGV[i]
