@@ -12,6 +12,7 @@ stays down still ends the call.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import tenacity
 
@@ -28,21 +29,19 @@ class RetryPolicy:
     def retrying(self) -> tenacity.AsyncRetrying:
         """``async for attempt in policy.retrying(): with attempt: ...`` re-runs the block while it raises
         a retryable ``ChimeraError``; the last error is re-raised once the budget is spent."""
-        return tenacity.AsyncRetrying(
-            retry=tenacity.retry_if_exception(self.retryable),
-            wait=self._wait,
-            stop=tenacity.stop_after_delay(self.budget_s),
-            reraise=True,
-        )
+        return tenacity.AsyncRetrying(**self._tenacity())
 
     def retrying_sync(self) -> tenacity.Retrying:
         """The blocking twin of ``retrying``."""
-        return tenacity.Retrying(
-            retry=tenacity.retry_if_exception(self.retryable),
-            wait=self._wait,
-            stop=tenacity.stop_after_delay(self.budget_s),
-            reraise=True,
-        )
+        return tenacity.Retrying(**self._tenacity())
+
+    def _tenacity(self) -> dict[str, Any]:
+        return {
+            "retry": tenacity.retry_if_exception(self.retryable),
+            "wait": self._wait,
+            "stop": tenacity.stop_after_delay(self.budget_s),
+            "reraise": True,
+        }
 
     def retryable(self, exc: BaseException) -> bool:
         return isinstance(exc, OverloadedError) or (self.unavailable and isinstance(exc, UnavailableError))
