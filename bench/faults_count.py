@@ -118,6 +118,7 @@ class Counts:
     end_program_failed: int = 0
     codes: Mapping[str, int] = field(default_factory=dict)  # failure code or lost reason -> workflows
     examples: tuple[Mapping[str, Any], ...] = ()  # a few mismatching stages, as evidence
+    failures: tuple[Mapping[str, Any], ...] = ()  # a few failed stages with the error the client saw
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -134,6 +135,7 @@ class Counts:
             "end_program_failed": self.end_program_failed,
             "codes": dict(self.codes),
             "examples": list(self.examples),
+            "failures": list(self.failures),
         }
 
 
@@ -162,11 +164,17 @@ def count(
     codes: Counter[str] = Counter()
     dup_wf = dup_st = twice = restarted = answered = 0
     examples: list[dict[str, Any]] = []
+    failures: list[dict[str, Any]] = []
     for w in workflows:
         kind, detail = outcome(w)
         by[kind] += 1
         if detail:
             codes[f"{kind}:{detail}"] += 1
+        failures.extend(
+            {"program_id": w.program_id, "stage": s.stage, "code": s.error_code, "error": s.error}
+            for s in w.stages
+            if s.error_code is not None and len(failures) < max_examples
+        )
         dup_here = False
         for s in w.stages:
             answered += s.final_text is not None
@@ -193,4 +201,5 @@ def count(
         end_program_failed=sum(1 for w in workflows if w.end_error),
         codes=dict(sorted(codes.items())),
         examples=tuple(examples),
+        failures=tuple(failures),
     )
