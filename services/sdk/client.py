@@ -6,6 +6,7 @@ failure surfaces as a ``ChimeraError`` subclass chosen by its status code (``ser
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
 from types import TracebackType
@@ -29,6 +30,14 @@ from services.sdk.types import (
 from services.sdk.workflow import AsyncWorkflow, Workflow
 
 DEFAULT_ADDR = "127.0.0.1:50051"
+API_KEY_ENV = "CHIMERA_API_KEY"
+
+
+def auth_metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
+    """The metadata every call carries: the API key as a bearer token, from the argument or else from
+    ``CHIMERA_API_KEY``; nothing when neither is set (a dispatcher without auth)."""
+    key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+    return (("authorization", f"Bearer {key}"),) if key else ()
 
 
 def new_request_id() -> str:
@@ -55,10 +64,12 @@ class AsyncClient:
         *,
         default_timeout_s: float | None = None,
         retry: RetryPolicy = RetryPolicy(),
+        api_key: str | None = None,
     ) -> None:
         """``retry``: what a stage does when the pool is busy or the connection breaks (``NO_RETRY``:
-        every failure surfaces at once)."""
+        every failure surfaces at once). ``api_key``: sent on every call (default: ``CHIMERA_API_KEY``)."""
         self.addr = addr
+        self._metadata = auth_metadata(api_key)
         self._channel = grpc.aio.insecure_channel(addr)
         self._stub = dispatcher_pb2_grpc.DispatcherStub(self._channel)
         self._timeout_s = default_timeout_s
@@ -118,7 +129,9 @@ class AsyncClient:
     async def _one_try(
         self, req: pb.GenerateRequest, timeout_s: float | None
     ) -> AsyncIterator[TextDelta | Completion]:
-        call = self._stub.Generate(req, timeout=_convert.call_timeout(timeout_s, self._timeout_s))
+        call = self._stub.Generate(
+            req, timeout=_convert.call_timeout(timeout_s, self._timeout_s), metadata=self._metadata
+        )
         try:
             async for resp in call:
                 yield _convert.event(resp)
@@ -158,7 +171,7 @@ class AsyncClient:
     async def end_program(self, program_id: str, outcome: float | None = None) -> ProgramEnd:
         try:
             resp = await self._stub.EndProgram(
-                _convert.end_request(program_id, outcome), timeout=self._timeout_s
+                _convert.end_request(program_id, outcome), timeout=self._timeout_s, metadata=self._metadata
             )
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
@@ -166,7 +179,9 @@ class AsyncClient:
 
     async def list_models(self) -> tuple[ModelStatus, ...]:
         try:
-            resp = await self._stub.ListModels(pb.ListModelsRequest(), timeout=self._timeout_s)
+            resp = await self._stub.ListModels(
+                pb.ListModelsRequest(), timeout=self._timeout_s, metadata=self._metadata
+            )
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
         return _convert.models(resp)
@@ -185,8 +200,10 @@ class Client:
         *,
         default_timeout_s: float | None = None,
         retry: RetryPolicy = RetryPolicy(),
+        api_key: str | None = None,
     ) -> None:
         self.addr = addr
+        self._metadata = auth_metadata(api_key)
         self._channel = grpc.insecure_channel(addr)
         self._stub = dispatcher_pb2_grpc.DispatcherStub(self._channel)
         self._timeout_s = default_timeout_s
@@ -237,7 +254,9 @@ class Client:
                         yield ev
 
     def _one_try(self, req: pb.GenerateRequest, timeout_s: float | None) -> Iterator[TextDelta | Completion]:
-        call = self._stub.Generate(req, timeout=_convert.call_timeout(timeout_s, self._timeout_s))
+        call = self._stub.Generate(
+            req, timeout=_convert.call_timeout(timeout_s, self._timeout_s), metadata=self._metadata
+        )
         try:
             for resp in call:
                 yield _convert.event(resp)
@@ -273,14 +292,18 @@ class Client:
 
     def end_program(self, program_id: str, outcome: float | None = None) -> ProgramEnd:
         try:
-            resp = self._stub.EndProgram(_convert.end_request(program_id, outcome), timeout=self._timeout_s)
+            resp = self._stub.EndProgram(
+                _convert.end_request(program_id, outcome), timeout=self._timeout_s, metadata=self._metadata
+            )
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
         return _convert.program_end(resp)
 
     def list_models(self) -> tuple[ModelStatus, ...]:
         try:
-            resp = self._stub.ListModels(pb.ListModelsRequest(), timeout=self._timeout_s)
+            resp = self._stub.ListModels(
+                pb.ListModelsRequest(), timeout=self._timeout_s, metadata=self._metadata
+            )
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
         return _convert.models(resp)
