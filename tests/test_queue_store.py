@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 
 from services.common.keys import Keys
 from services.common.queue import QueueStore
@@ -43,11 +44,8 @@ async def _events(q: QueueStore, rid: str) -> list[OutputEvent]:
 
 
 async def _assign(q: QueueStore, *args: Any) -> tuple[str, str, str]:
-    pipe = q.redis.pipeline(transaction=False)
-    await q.queue_assign(pipe, *args)
-    (res,) = await pipe.execute()
-    status, engine, model = (str(x) for x in res)
-    return status, engine, model
+    _, assignment = await q.assign(*args)
+    return assignment
 
 
 async def test_enqueue_claim_complete_round_trip(redis_client: Redis, keys: Keys) -> None:
@@ -133,3 +131,27 @@ async def test_credit_adds_to_a_live_program_and_never_revives_an_ended_one(
     assert await q.credit_program("p", 30) == 30
     assert await q.credit_program("p", 12) == 42
     assert await redis_client.ttl(keys.program("p")) > 0  # the TTL the assign script set is kept
+
+
+async def test_a_pipeline_whose_redis_lost_its_scripts_runs_them_again(
+    redis_client: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race of a Redis restart: the pipeline loaded its scripts, then reached a Redis whose script
+    cache is empty (redis-py's retry re-sends EVALSHA after a reconnect). Simulated by flushing the cache
+    right after the load, once; the assignment must still land, not fail as NOSCRIPT."""
+    q = QueueStore(redis_client, keys)
+    load = Pipeline.load_scripts
+    flushed: list[bool] = []
+
+    async def load_then_lose(self: Pipeline) -> None:
+        await load(self)
+        if not flushed:
+            flushed.append(True)
+            await redis_client.script_flush()
+
+    monkeypatch.setattr(Pipeline, "load_scripts", load_then_lose)
+    duplicate, (status, engine, _) = await q.assign("p-noscript", "e0", "m", "wf", 0, "r1", 60, {})
+    assert flushed and not duplicate and (status, engine) == ("new", "e0")
+    flushed.clear()
+    assert await q.publish_deltas("e0", [("r1", 1, "x", 1)]) == [False]  # not running: fenced, not an error
+    assert flushed

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from redis.exceptions import NoScriptError
 from redis.typing import EncodableT, KeyT, StreamIdT
 
 from services.common import queue_scripts as lua
@@ -31,6 +32,25 @@ from services.common.queue_records import (
     poison_message,
 )
 from services.common.types import ClaimedRequest, Prediction, StageRequest, StageResult, TraceRow
+
+
+async def run_scripted(redis: Redis, build: Callable[[Pipeline], Awaitable[None]]) -> list[Any]:
+    """Run a pipeline that calls Lua scripts, built by ``build``.
+
+    A pipeline loads its scripts once, before sending; if the connection then drops and redis-py's retry
+    re-sends to a Redis that restarted meanwhile, its script cache is empty and EVALSHA answers NOSCRIPT
+    (a lone script call reloads by itself; a pipeline does not). The pipeline is then built and run once
+    more, which loads the scripts again: every script Chimera pipelines is safe to run twice.
+    """
+    for last in (False, True):
+        pipe = redis.pipeline(transaction=False)
+        await build(pipe)
+        try:
+            return await pipe.execute()
+        except NoScriptError:
+            if last:
+                raise
+    raise AssertionError("unreachable")
 
 
 class QueueStore:
@@ -63,9 +83,8 @@ class QueueStore:
     def _req_prefix(self, engine: str) -> str:
         return self._k.request(engine, "")
 
-    async def queue_assign(
+    async def assign(
         self,
-        pipe: Pipeline,
         program_id: str,
         engine: str,
         model: str,
@@ -75,9 +94,10 @@ class QueueStore:
         ttl_s: int,
         confidences: Mapping[str, float],
         moved_from: str = "",
-    ) -> None:
-        """Add ``assign`` to ``pipe``, whose result is then [status, engine, model]. ``moved_from``: the
-        program's dead engine, which ``engine`` replaces (if the program still names it)."""
+    ) -> tuple[bool, tuple[str, str, str]]:
+        """In one round trip: whether ``request_id`` already exists on ``engine``, and ASSIGN's
+        (status, engine, model). ``moved_from``: the program's dead engine, which ``engine`` replaces (if
+        the program still names it)."""
         confidences_json = json.dumps(dict(confidences))
         args: list[EncodableT] = [
             engine,
@@ -90,7 +110,14 @@ class QueueStore:
             time.time(),
             moved_from,
         ]
-        await self._assign(keys=[self._k.program(program_id)], args=args, client=pipe)
+
+        async def build(pipe: Pipeline) -> None:
+            pipe.exists(self._k.request(engine, request_id))
+            await self._assign(keys=[self._k.program(program_id)], args=args, client=pipe)
+
+        duplicate, assignment = await run_scripted(self._r, build)
+        status, assigned, assigned_model = (str(x) for x in assignment)
+        return bool(duplicate), (status, assigned, assigned_model)
 
     async def unassign(self, program_id: str, request_id: str) -> bool:
         """Undo a fresh assignment whose request was refused, if the program still names that request."""
@@ -197,22 +224,24 @@ class QueueStore:
         text length with it), and notify, in one round trip. A stream lives ``queue_ttl_s`` past its last
         event. Each is written only while its attempt holds the running request, and once."""
         r, k = self.retention, self._k
-        pipe = self._r.pipeline(transaction=False)
-        for rid, attempt, text, end in items:
-            await self._publish(
-                keys=[k.output(engine, rid), k.notify(engine), k.request(engine, rid)],
-                args=[
-                    rid,
-                    event_json(t="delta", a=attempt, text=text),
-                    r.stream_maxlen,
-                    r.queue_ttl_s,
-                    r.notify_maxlen,
-                    attempt,
-                    end,
-                ],
-                client=pipe,
-            )
-        return [bool(x) for x in await pipe.execute()]
+
+        async def build(pipe: Pipeline) -> None:
+            for rid, attempt, text, end in items:
+                await self._publish(
+                    keys=[k.output(engine, rid), k.notify(engine), k.request(engine, rid)],
+                    args=[
+                        rid,
+                        event_json(t="delta", a=attempt, text=text),
+                        r.stream_maxlen,
+                        r.queue_ttl_s,
+                        r.notify_maxlen,
+                        attempt,
+                        end,
+                    ],
+                    client=pipe,
+                )
+
+        return [bool(x) for x in await run_scripted(self._r, build)]
 
     async def complete(
         self,

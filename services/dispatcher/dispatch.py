@@ -219,7 +219,6 @@ class Dispatcher:
         started: float,
     ) -> Dispatched:
         """Everything after validation and the state read, which ``submit`` and ``dispatch`` do."""
-        k = self._keys
         degraded: list[str] = []
         if req.model_pin is not None and req.model_pin not in {e.model for e in engines}:
             # Perhaps an engine registered since the ids were cached: look once more before refusing.
@@ -256,22 +255,20 @@ class Dispatcher:
         pred = preds[model]
         # A retried request usually finds its first copy here, before anything is queued; ENQUEUE stays the
         # authority for the rare retry that races its original past this check.
-        pipe = self._r.pipeline(transaction=False)
-        pipe.exists(k.request(engine, req.request_id))
-        await self.store.queue_assign(
-            pipe,
-            req.program_id,
-            engine,
-            model,
-            req.workflow,
-            req.stage,
-            req.request_id,
-            self.settings.program_ttl_s,
-            confidences,
-            moved_from,
+        duplicate, (status, assigned, assigned_model) = await self._redis(
+            t,
+            self.store.assign(
+                req.program_id,
+                engine,
+                model,
+                req.workflow,
+                req.stage,
+                req.request_id,
+                self.settings.program_ttl_s,
+                confidences,
+                moved_from,
+            ),
         )
-        duplicate, assignment = await self._redis(t, pipe.execute())
-        status, assigned, assigned_model = (str(x) for x in assignment)
         if status == "backwards":
             raise StageConflict(f"stage {req.stage} is behind the program's last stage")
         if duplicate:
