@@ -14,12 +14,16 @@ import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.keys import EngineField, EngineHealth, Keys
+from services.common.tls import ClientTls, sync_channel
 
 
-def grpc_unhealthy(addr: str, timeout_s: float = 2.0, service: str = "") -> str | None:
-    """Why the gRPC server at ``addr`` is not SERVING (grpc.health.v1), or None."""
+def grpc_unhealthy(
+    addr: str, timeout_s: float = 2.0, service: str = "", transport: ClientTls | None = None
+) -> str | None:
+    """Why the gRPC server at ``addr`` is not SERVING (grpc.health.v1), or None. ``transport``: how to reach
+    a server that serves TLS (and may ask for a client certificate)."""
     try:
-        with grpc.insecure_channel(addr) as channel:
+        with sync_channel(addr, transport) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
     except grpc.RpcError as e:

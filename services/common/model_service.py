@@ -18,9 +18,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
-from pydantic import Field
+from pydantic import Field, FilePath, model_validator
 
-from services.common import grpc_status
+from services.common import grpc_status, tls
 from services.common.artifacts import ArtifactMeta
 from services.common.batching import (
     BatchCollector,
@@ -73,6 +73,20 @@ class ModelServiceSettings(CommonSettings):
     grace_s: float = Field(
         default=5.0, ge=0.0, le=300.0, description="drain time for in-flight calls on shutdown"
     )
+    tls_cert_file: FilePath | None = Field(
+        default=None, description="certificate chain (PEM) the gRPC server presents; unset: plaintext"
+    )
+    tls_key_file: FilePath | None = Field(default=None, description="private key (PEM) of tls_cert_file")
+    tls_client_ca_file: FilePath | None = Field(
+        default=None,
+        description="CA bundle (PEM): when set, only clients with a certificate it signs are served (mTLS)",
+    )
+
+    @model_validator(mode="after")
+    def _tls_complete(self) -> ModelServiceSettings:
+        prefix = str(self.model_config.get("env_prefix", ""))
+        tls.check_server(self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file, env=prefix.upper())
+        return self
 
 
 def _logger(label: str) -> logging.Logger:
@@ -158,10 +172,11 @@ class ModelServer(abc.ABC, Generic[ItemT, OutT]):
         # The named service is SERVING only once an artifact is loaded; the process itself is up now.
         await self.health.set(self.service_name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.collector.start()
-        self.port = self.server.add_insecure_port(f"{s.host}:{s.port}")
+        transport = tls.server_tls(s.tls_cert_file, s.tls_key_file, s.tls_client_ca_file)
+        self.port = tls.add_port(self.server, f"{s.host}:{s.port}", transport)
         await self.server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        self.log.info("serving on %s:%d", s.host, self.port)
+        self.log.info("serving on %s:%d (%s)", s.host, self.port, tls.describe(transport))
         return self.port
 
     async def stop(self) -> None:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
-
+from services.common import tls
 from services.common.keys import Keys
 from services.common.logs import setup_logging
 from services.common.queue import QueueStore
@@ -24,9 +23,12 @@ async def _main(s: DispatcherSettings, metrics: DispatcherMetrics) -> None:
     redis = connect(s.redis_url, s.redis_max_connections, s.redis_outage_s)
     # The stream hub's one blocking read gets a connection of its own, never one of the pool's.
     reader = connect_reader(s.redis_url, s.redis_outage_s)
+    upstream = tls.client_tls(
+        s.upstream_tls_ca_file, s.upstream_tls_cert_file, s.upstream_tls_key_file, s.upstream_tls_server_name
+    )
     async with (
-        grpc.aio.insecure_channel(s.router_addr) as rc,
-        grpc.aio.insecure_channel(s.predictor_addr) as pc,
+        tls.aio_channel(s.router_addr, upstream) as rc,
+        tls.aio_channel(s.predictor_addr, upstream) as pc,
     ):
         router, predictor = sources(rc, pc, s)
         store = QueueStore(redis, Keys(s.key_prefix), Retention(queue_ttl_s=s.max_queue_wait_s))

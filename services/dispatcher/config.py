@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, FilePath, ValidationInfo, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from services.common import tls
 from services.common.config import CommonSettings
 from services.dispatcher import validate as v
 from services.policy.admission import DEFAULT_MAX_QUEUE_S, Bounds
@@ -167,6 +168,27 @@ class DispatcherSettings(CommonSettings):
         "re-attached to the request (same request_id) meanwhile",
     )
     grace_s: float = Field(default=5.0, ge=0, le=120, description="shutdown grace for in-flight calls")
+    # Transport security (services/common/tls.py): each unset setting leaves its hop in plaintext.
+    tls_cert_file: FilePath | None = Field(
+        default=None, description="certificate chain (PEM) both doors (gRPC, HTTP) present; unset: plaintext"
+    )
+    tls_key_file: FilePath | None = Field(default=None, description="private key (PEM) of tls_cert_file")
+    upstream_tls_ca_file: FilePath | None = Field(
+        default=None,
+        description="CA bundle (PEM) the router's and predictor's certificates must chain to; set: the "
+        "dispatcher reaches them over TLS",
+    )
+    upstream_tls_cert_file: FilePath | None = Field(
+        default=None, description="client certificate (PEM) shown to a router or predictor that asks (mTLS)"
+    )
+    upstream_tls_key_file: FilePath | None = Field(
+        default=None, description="private key (PEM) of upstream_tls_cert_file"
+    )
+    upstream_tls_server_name: str = Field(
+        default="",
+        description="name the router's and predictor's certificates are checked against; empty: the host "
+        "of router_addr / predictor_addr",
+    )
 
     @field_validator("policy")
     @classmethod
@@ -182,6 +204,14 @@ class DispatcherSettings(CommonSettings):
         if v < default:
             raise ValueError("max_tokens_limit must be >= max_tokens_default")
         return v
+
+    @model_validator(mode="after")
+    def _tls_complete(self) -> DispatcherSettings:
+        tls.check_server(self.tls_cert_file, self.tls_key_file, env="CHIMERA_DISPATCHER_")
+        tls.check_client(
+            self.upstream_tls_cert_file, self.upstream_tls_key_file, env="CHIMERA_DISPATCHER_UPSTREAM_"
+        )
+        return self
 
     def door_limit(self) -> int:
         """Calls / connections a door takes at most: a hard stop with headroom above ``max_open_requests``

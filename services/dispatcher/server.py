@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 
 from chimera.dispatcher.v1 import dispatcher_pb2 as pb
 from chimera.dispatcher.v1 import dispatcher_pb2_grpc
+from services.common import tls
 from services.common.grpc_status import status_codes
 from services.common.types import ChatMessage
 from services.dispatcher.dispatch import Dispatcher
@@ -207,14 +208,15 @@ class DispatcherServer:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
-        self.port = self.server.add_insecure_port(f"{s.host}:{s.port}")
+        transport = tls.server_tls(s.tls_cert_file, s.tls_key_file)
+        self.port = tls.add_port(self.server, f"{s.host}:{s.port}", transport)
         await self.server.start()
         self._reaper = asyncio.create_task(
             reap_forever(self.dispatcher.store, self._redis, s.reaper_interval_s), name="reaper"
         )
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving on %s:%d", s.host, self.port)
+        log.info("serving on %s:%d (%s)", s.host, self.port, tls.describe(transport))
         return self.port
 
     async def stop(self) -> None:
