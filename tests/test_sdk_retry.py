@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from services.common.redis_client import outage_retry
 from services.sdk.errors import InvalidRequestError, OverloadedError
-from services.sdk.retry import RetryPolicy
+from services.sdk.retry import NO_RETRY, RetryPolicy
 
 
 async def _run(policy: RetryPolicy, failures: list[Exception]) -> int:
@@ -47,3 +48,29 @@ def test_outage_retry_covers_its_budget_at_the_shortest_jitter() -> None:
     # Shortest possible total: every wait at half its nominal value (redis-py counts failures from 1).
     shortest = sum(min(1.0, 0.05 * 2**i) / 2 for i in range(1, r._retries + 1))
     assert 15.0 <= shortest < 20.0
+
+
+def test_blocking_tries_retry_the_same_way_and_stop_after_a_success() -> None:
+    policy = RetryPolicy(budget_s=5)
+    failures: list[Exception] = [OverloadedError("RESOURCE_EXHAUSTED", "full", 0.01)]
+    calls = 0
+    for attempt in policy.retrying_sync():
+        with attempt:
+            calls += 1
+            if failures:
+                raise failures.pop(0)
+    assert calls == 2
+
+
+def test_no_retry_surfaces_the_first_busy_refusal() -> None:
+    with pytest.raises(OverloadedError):
+        asyncio.run(_run(NO_RETRY, [OverloadedError("RESOURCE_EXHAUSTED", "full", 0.01)]))
+
+
+def test_the_last_wait_is_cut_to_the_budget() -> None:
+    policy = RetryPolicy(budget_s=0.3, max_wait_s=10)
+    busy = [OverloadedError("RESOURCE_EXHAUSTED", "full", 5.0) for _ in range(3)]
+    t0 = time.monotonic()
+    with pytest.raises(OverloadedError):
+        asyncio.run(_run(policy, busy))
+    assert time.monotonic() - t0 < 1.0  # one wait cut to what was left of 0.3 s, then the error

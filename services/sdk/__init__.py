@@ -1,63 +1,6 @@
-"""Python SDK for Chimera's gRPC front door: sync and async clients and a ``Workflow`` helper.
+"""The SDK lives in ``chimera_client``, which also installs alone (the ``chimera-client`` distribution,
+``clients/python``); this package keeps the imports of the server, the benchmarks and the tests as they
+were. New code imports ``chimera_client``."""
 
-async with AsyncClient("127.0.0.1:50051") as client:
-    async with client.workflow("code/planner-coder") as wf:
-        plan = await wf.run_stage([("system", "You plan."), ("user", task)])
-        code = await wf.run_stage([("user", task), ("assistant", plan.text), ("user", "Write it.")])
-        wf.set_outcome(1.0 if tests_pass(code.text) else 0.0)
-"""
-
-from services.sdk.client import AsyncClient, Client
-from services.sdk.errors import (
-    ChimeraError,
-    DeadlineExceededError,
-    DuplicateRequestError,
-    InvalidRequestError,
-    ModelNotFoundError,
-    OverloadedError,
-    RequestCancelledError,
-    RequestTooLargeError,
-    StageConflictError,
-    UnavailableError,
-)
-from services.sdk.retry import NO_RETRY, RetryPolicy
-from services.sdk.types import (
-    Completion,
-    DispatchTimings,
-    EngineStatus,
-    Message,
-    MessageLike,
-    ModelStatus,
-    ProgramEnd,
-    Sampling,
-    TextDelta,
-)
-from services.sdk.workflow import AsyncWorkflow, Workflow
-
-__all__ = [
-    "AsyncClient",
-    "NO_RETRY",
-    "RetryPolicy",
-    "AsyncWorkflow",
-    "ChimeraError",
-    "Client",
-    "Completion",
-    "DeadlineExceededError",
-    "DispatchTimings",
-    "DuplicateRequestError",
-    "EngineStatus",
-    "InvalidRequestError",
-    "Message",
-    "MessageLike",
-    "ModelNotFoundError",
-    "ModelStatus",
-    "ProgramEnd",
-    "RequestCancelledError",
-    "OverloadedError",
-    "RequestTooLargeError",
-    "Sampling",
-    "StageConflictError",
-    "TextDelta",
-    "UnavailableError",
-    "Workflow",
-]
+from chimera_client import *  # noqa: F403
+from chimera_client import __all__ as __all__

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from chimera.dispatcher.v1 import dispatcher_pb2 as pb
-from services.sdk.types import (
+from chimera_client.types import (
     Completion,
     DispatchTimings,
     EngineStatus,

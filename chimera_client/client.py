@@ -1,0 +1,313 @@
+"""Sync and async clients of the dispatcher's gRPC API.
+
+Both take plain Python values and return the frozen dataclasses of ``chimera_client.types``; every gRPC
+failure surfaces as a ``ChimeraError`` subclass chosen by its status code (``chimera_client.errors``).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterable, Iterator
+from types import TracebackType
+
+import grpc
+
+from chimera.dispatcher.v1 import dispatcher_pb2 as pb
+from chimera.dispatcher.v1 import dispatcher_pb2_grpc
+from chimera_client import _convert
+from chimera_client.errors import from_rpc_error
+from chimera_client.retry import Replay, RetryPolicy
+from chimera_client.types import (
+    Completion,
+    MessageLike,
+    ModelStatus,
+    ProgramEnd,
+    Sampling,
+    TextDelta,
+    to_messages,
+)
+from chimera_client.workflow import AsyncWorkflow, Workflow
+
+DEFAULT_ADDR = "127.0.0.1:50051"
+API_KEY_ENV = "CHIMERA_API_KEY"
+
+
+def auth_metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
+    """The metadata every call carries: the API key as a bearer token, from the argument or else from
+    ``CHIMERA_API_KEY``; nothing when neither is set (a dispatcher without auth)."""
+    key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+    return (("authorization", f"Bearer {key}"),) if key else ()
+
+
+def new_request_id() -> str:
+    """The id every try of one stage carries, so that a retry re-attaches instead of running it again."""
+    return f"sdk-{uuid.uuid4().hex}"
+
+
+def _last(events: Iterable[TextDelta | Completion]) -> Completion:
+    final = None
+    for ev in events:
+        if isinstance(ev, Completion):
+            final = ev
+    if final is None:
+        raise RuntimeError("the stream ended without a final completion")
+    return final
+
+
+class AsyncClient:
+    """``async with AsyncClient(addr) as client``; one channel, safe to share between tasks."""
+
+    def __init__(
+        self,
+        addr: str = DEFAULT_ADDR,
+        *,
+        default_timeout_s: float | None = None,
+        retry: RetryPolicy = RetryPolicy(),
+        api_key: str | None = None,
+    ) -> None:
+        """``retry``: what a stage does when the pool is busy or the connection breaks (``NO_RETRY``:
+        every failure surfaces at once). ``api_key``: sent on every call (default: ``CHIMERA_API_KEY``)."""
+        self.addr = addr
+        self._metadata = auth_metadata(api_key)
+        self._channel = grpc.aio.insecure_channel(addr)
+        self._stub = dispatcher_pb2_grpc.DispatcherStub(self._channel)
+        self._timeout_s = default_timeout_s
+        self._retry = retry
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def stream(
+        self,
+        messages: Iterable[MessageLike] | str,
+        *,
+        program_id: str,
+        stage: int,
+        workflow: str,
+        model: str = "auto",
+        sampling: Sampling = Sampling(),
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[TextDelta | Completion]:
+        """Text deltas as they are generated, then exactly one ``Completion``.
+
+        A busy pool or a broken connection is retried (``RetryPolicy``) with the same ``request_id`` (one
+        is made up when none is given), which re-attaches to the request: the caller sees each piece of
+        text once, however many tries it took."""
+        req = _convert.generate_request(
+            to_messages(messages),
+            program_id=program_id,
+            stage=stage,
+            workflow=workflow,
+            model=model,
+            sampling=sampling,
+            request_id=request_id or new_request_id(),
+            timeout_s=timeout_s,
+        )
+        replay = Replay()
+        # NOTE(sdk-retry): yielding inside an attempt is safe: a caller that stops reading raises
+        # GeneratorExit (or CancelledError) here, which no policy retries, so it is re-raised at once.
+        async for attempt in self._retry.retrying():
+            with attempt:
+                replay.new_try()
+                async for ev in self._one_try(req, timeout_s):
+                    if isinstance(ev, TextDelta):
+                        if text := replay.fresh(ev.text, ev.attempt):
+                            yield TextDelta(text, ev.attempt)
+                    else:
+                        yield ev
+
+    async def _one_try(
+        self, req: pb.GenerateRequest, timeout_s: float | None
+    ) -> AsyncIterator[TextDelta | Completion]:
+        call = self._stub.Generate(
+            req, timeout=_convert.call_timeout(timeout_s, self._timeout_s), metadata=self._metadata
+        )
+        try:
+            async for resp in call:
+                yield _convert.event(resp)
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e) from None
+        finally:
+            call.cancel()  # no-op once finished; cancels the request if the caller stopped reading
+
+    async def generate(
+        self,
+        messages: Iterable[MessageLike] | str,
+        *,
+        program_id: str,
+        stage: int,
+        workflow: str,
+        model: str = "auto",
+        sampling: Sampling = Sampling(),
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Completion:
+        """Run one stage to completion."""
+        events = [
+            ev
+            async for ev in self.stream(
+                messages,
+                program_id=program_id,
+                stage=stage,
+                workflow=workflow,
+                model=model,
+                sampling=sampling,
+                request_id=request_id,
+                timeout_s=timeout_s,
+            )
+        ]
+        return _last(events)
+
+    async def end_program(self, program_id: str, outcome: float | None = None) -> ProgramEnd:
+        try:
+            resp = await self._stub.EndProgram(
+                _convert.end_request(program_id, outcome), timeout=self._timeout_s, metadata=self._metadata
+            )
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e) from None
+        return _convert.program_end(resp)
+
+    async def list_models(self) -> tuple[ModelStatus, ...]:
+        try:
+            resp = await self._stub.ListModels(
+                pb.ListModelsRequest(), timeout=self._timeout_s, metadata=self._metadata
+            )
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e) from None
+        return _convert.models(resp)
+
+    def workflow(self, workflow: str, *, program_id: str | None = None, model: str = "auto") -> AsyncWorkflow:
+        """A multi-stage run: ``async with client.workflow("code/planner-coder") as wf: ...``."""
+        return AsyncWorkflow(self, workflow, program_id=program_id, model=model)
+
+
+class Client:
+    """Blocking twin of ``AsyncClient``, for scripts and threads."""
+
+    def __init__(
+        self,
+        addr: str = DEFAULT_ADDR,
+        *,
+        default_timeout_s: float | None = None,
+        retry: RetryPolicy = RetryPolicy(),
+        api_key: str | None = None,
+    ) -> None:
+        self.addr = addr
+        self._metadata = auth_metadata(api_key)
+        self._channel = grpc.insecure_channel(addr)
+        self._stub = dispatcher_pb2_grpc.DispatcherStub(self._channel)
+        self._timeout_s = default_timeout_s
+        self._retry = retry
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def stream(
+        self,
+        messages: Iterable[MessageLike] | str,
+        *,
+        program_id: str,
+        stage: int,
+        workflow: str,
+        model: str = "auto",
+        sampling: Sampling = Sampling(),
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Iterator[TextDelta | Completion]:
+        req = _convert.generate_request(
+            to_messages(messages),
+            program_id=program_id,
+            stage=stage,
+            workflow=workflow,
+            model=model,
+            sampling=sampling,
+            request_id=request_id or new_request_id(),
+            timeout_s=timeout_s,
+        )
+        replay = Replay()
+        for attempt in self._retry.retrying_sync():
+            with attempt:
+                replay.new_try()
+                for ev in self._one_try(req, timeout_s):
+                    if isinstance(ev, TextDelta):
+                        if text := replay.fresh(ev.text, ev.attempt):
+                            yield TextDelta(text, ev.attempt)
+                    else:
+                        yield ev
+
+    def _one_try(self, req: pb.GenerateRequest, timeout_s: float | None) -> Iterator[TextDelta | Completion]:
+        call = self._stub.Generate(
+            req, timeout=_convert.call_timeout(timeout_s, self._timeout_s), metadata=self._metadata
+        )
+        try:
+            for resp in call:
+                yield _convert.event(resp)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        finally:
+            call.cancel()
+
+    def generate(
+        self,
+        messages: Iterable[MessageLike] | str,
+        *,
+        program_id: str,
+        stage: int,
+        workflow: str,
+        model: str = "auto",
+        sampling: Sampling = Sampling(),
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Completion:
+        return _last(
+            self.stream(
+                messages,
+                program_id=program_id,
+                stage=stage,
+                workflow=workflow,
+                model=model,
+                sampling=sampling,
+                request_id=request_id,
+                timeout_s=timeout_s,
+            )
+        )
+
+    def end_program(self, program_id: str, outcome: float | None = None) -> ProgramEnd:
+        try:
+            resp = self._stub.EndProgram(
+                _convert.end_request(program_id, outcome), timeout=self._timeout_s, metadata=self._metadata
+            )
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return _convert.program_end(resp)
+
+    def list_models(self) -> tuple[ModelStatus, ...]:
+        try:
+            resp = self._stub.ListModels(
+                pb.ListModelsRequest(), timeout=self._timeout_s, metadata=self._metadata
+            )
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return _convert.models(resp)
+
+    def workflow(self, workflow: str, *, program_id: str | None = None, model: str = "auto") -> Workflow:
+        """A multi-stage run: ``with client.workflow("math/solver-verifier") as wf: ...``."""
+        return Workflow(self, workflow, program_id=program_id, model=model)

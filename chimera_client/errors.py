@@ -1,0 +1,87 @@
+"""Exceptions of the SDK, one per gRPC status code the front door uses; all are ``ChimeraError``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import grpc
+
+
+class ChimeraError(Exception):
+    """A call the front door refused or could not finish. ``code`` is the gRPC status name."""
+
+    def __init__(self, code: str, details: str, retry_after_s: float | None = None) -> None:
+        super().__init__(f"{code}: {details}" if details else code)
+        self.code = code
+        self.details = details
+        self.retry_after_s = retry_after_s  # when the server said to come back, if it did
+
+
+class InvalidRequestError(ChimeraError):
+    """INVALID_ARGUMENT: the request is malformed; retrying it unchanged fails again."""
+
+
+class RequestTooLargeError(InvalidRequestError):
+    """RESOURCE_EXHAUSTED: the prompt is over the front door's size limit."""
+
+
+class OverloadedError(ChimeraError):
+    """RESOURCE_EXHAUSTED with a ``retry_after_s``: the pool is full; try again after that long."""
+
+
+class ModelNotFoundError(ChimeraError):
+    """NOT_FOUND: no registered engine serves the pinned model."""
+
+
+class DuplicateRequestError(ChimeraError):
+    """ALREADY_EXISTS: a request with this id was already dispatched."""
+
+
+class StageConflictError(ChimeraError):
+    """FAILED_PRECONDITION: a stage index went backwards, or a pin contradicts the program's model."""
+
+
+class UnavailableError(ChimeraError):
+    """UNAVAILABLE: no live engine, Redis unreachable, or the request was lost; safe to retry."""
+
+
+class DeadlineExceededError(ChimeraError):
+    """DEADLINE_EXCEEDED: the request did not finish in time (it was cancelled)."""
+
+
+class RequestCancelledError(ChimeraError):
+    """CANCELLED: the call was cancelled."""
+
+
+_BY_CODE: Mapping[grpc.StatusCode, type[ChimeraError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidRequestError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: RequestTooLargeError,
+    grpc.StatusCode.NOT_FOUND: ModelNotFoundError,
+    grpc.StatusCode.ALREADY_EXISTS: DuplicateRequestError,
+    grpc.StatusCode.FAILED_PRECONDITION: StageConflictError,
+    grpc.StatusCode.UNAVAILABLE: UnavailableError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
+    grpc.StatusCode.CANCELLED: RequestCancelledError,
+}
+
+
+def from_rpc_error(e: grpc.RpcError) -> ChimeraError:
+    """The SDK exception for a failed gRPC call (sync or aio)."""
+    code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+    details = e.details() if hasattr(e, "details") else str(e)
+    retry_after = _retry_after(e)
+    cls = _BY_CODE.get(code, ChimeraError)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and retry_after is not None:
+        cls = OverloadedError  # busy, not too large: the front door says when to come back
+    return cls(code.name, str(details or ""), retry_after)
+
+
+def _retry_after(e: grpc.RpcError) -> float | None:
+    trailing = e.trailing_metadata() if hasattr(e, "trailing_metadata") else None
+    for key, value in trailing or ():
+        if key == "retry-after":
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                return None
+    return None
