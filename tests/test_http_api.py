@@ -388,6 +388,8 @@ def test_every_domain_error_has_its_own_http_status() -> None:
     assert statuses == {
         "INTERNAL": 500,
         "INVALID_ARGUMENT": 400,
+        "UNAUTHENTICATED": 401,
+        "PERMISSION_DENIED": 403,
         "RESOURCE_EXHAUSTED": 413,
         "NOT_FOUND": 404,
         "FAILED_PRECONDITION": 409,

@@ -30,6 +30,7 @@ PINNED = {
     "notify": (K.notify("e0"), "chimera:{e0}:notify"),
     "program": (K.program("p1"), "chimera:prog:p1"),
     "program_pattern": (K.program_pattern(), "chimera:prog:*"),
+    "api_keys": (K.api_keys(), "chimera:apikeys"),
     "outcomes": (K.outcomes(), "chimera:outcomes"),
     "profile": (K.profile("e0"), "chimera:{e0}:profile"),
     "export_cursor": (K.export_cursor(), "chimera:{jobs}:export:cursor"),

@@ -163,6 +163,15 @@ class Keys:
         """Workflow outcomes (program_id, engine, model, workflow, outcome) from EndProgram."""
         return f"{self.prefix}:outcomes"
 
+    @key("HASH", "`chimera keys`")
+    def api_keys(self) -> str:
+        """API key id → JSON record: tenant, name, SHA-256 of the key, created and revoked times.
+
+        Never the key itself (``services.common.apikeys``). ``chimera keys create|list|revoke`` write and
+        read it; the dispatcher reads one field per key it has not seen for ``auth_cache_s``.
+        """
+        return f"{self.prefix}:apikeys"
+
     @key("HASH", "`chimera profile`, the worker when it profiles at start")
     def profile(self, engine: str) -> str:
         """An engine's measured profile (``json``, and its scalars for redis-cli): ``ProfileField``.

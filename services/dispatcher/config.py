@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, FilePath, ValidationInfo, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.common import tls
 from services.common.config import CommonSettings
 from services.dispatcher import validate as v
+from services.dispatcher.auth import is_loopback
 from services.policy.admission import DEFAULT_MAX_QUEUE_S, Bounds
 from services.policy.knobs import DEFAULT_KNOBS, DEFAULT_POLICY, Knobs
 from services.policy.registry import POLICIES
@@ -168,6 +171,18 @@ class DispatcherSettings(CommonSettings):
         "re-attached to the request (same request_id) meanwhile",
     )
     grace_s: float = Field(default=5.0, ge=0, le=120, description="shutdown grace for in-flight calls")
+    # Who may call (auth.py): "auto" asks for an API key unless both doors are bound to loopback only.
+    auth: Literal["auto", "keys", "off"] = Field(
+        default="auto",
+        description="API keys on both doors: keys (always), auto (unless both doors listen on loopback "
+        "only), off (loopback only; refused on any other interface)",
+    )
+    auth_cache_s: float = Field(
+        default=5.0,
+        ge=0,
+        le=300,
+        description="how long a key's record is cached; a revoked key keeps working at most this long",
+    )
     # Transport security (services/common/tls.py): each unset setting leaves its hop in plaintext.
     tls_cert_file: FilePath | None = Field(
         default=None, description="certificate chain (PEM) both doors (gRPC, HTTP) present; unset: plaintext"
@@ -204,6 +219,18 @@ class DispatcherSettings(CommonSettings):
         if v < default:
             raise ValueError("max_tokens_limit must be >= max_tokens_default")
         return v
+
+    def door_hosts(self) -> tuple[str, str]:
+        return self.host, self.http_host or self.host
+
+    @model_validator(mode="after")
+    def _open_only_on_loopback(self) -> DispatcherSettings:
+        if self.auth == "off" and any(not is_loopback(h) for h in self.door_hosts()):
+            raise ValueError(
+                f"auth=off serves anyone who can reach {self.door_hosts()}: it is allowed on loopback only; "
+                "use auth=keys (`chimera keys create`)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _tls_complete(self) -> DispatcherSettings:

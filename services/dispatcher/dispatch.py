@@ -24,12 +24,14 @@ from typing import NoReturn, TypeVar, cast
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
+from services.common.apikeys import ApiKeyStore
 from services.common.keys import ProgramField
 from services.common.queue import QueueStore
 from services.common.queue_records import EngineFull
 from services.common.snapshot import engine_ids, engines_from, queue_engine_reads, read_engines
 from services.common.types import EngineSnapshot, OutcomeRow, StageRequest
 from services.dispatcher.affinity import later_stage_route
+from services.dispatcher.auth import Authenticator, keys_required
 from services.dispatcher.clients import ConfidenceSource, LengthSource
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.decision import Timings, decision_record, detour_record, ms_since
@@ -50,6 +52,7 @@ from services.dispatcher.intake import Intake, admit, check_intake
 from services.dispatcher.metrics import DispatcherMetrics
 from services.dispatcher.reattach import reattach
 from services.dispatcher.stream import stream_output
+from services.dispatcher.tenancy import check_unscoped, scope_intake, scoped
 from services.dispatcher.upstream import Upstream
 from services.dispatcher.validate import check_id, check_stage_skip, validate_request
 from services.policy import contract
@@ -113,6 +116,8 @@ class Dispatcher:
         self._ids: list[str] = []
         self._ids_at = 0.0
         self._gate = Gate(settings.bounds(), self.metrics)
+        required = keys_required(settings.auth, settings.door_hosts())
+        self.auth = Authenticator(ApiKeyStore(redis, store.keys) if required else None, settings.auth_cache_s)
         self._dispatching = 0
         b = self._gate.bounds
         self.metrics.limits(
@@ -161,8 +166,9 @@ class Dispatcher:
             Timings(), read_engines(self._r, self._keys, self._clock(), self.settings.engine_dead_after_s)
         )
 
-    async def submit(self, intake: Intake) -> Dispatched:
-        """Both front doors' way in: resolve "the next stage", apply the defaults, dispatch.
+    async def submit(self, intake: Intake, tenant: str = "") -> Dispatched:
+        """Both front doors' way in: scope the ids to the caller's tenant, resolve "the next stage", apply
+        the defaults, dispatch.
 
         Raises a ``DispatchError`` on refusal; nothing is written then.
         """
@@ -170,8 +176,9 @@ class Dispatcher:
 
         async def run() -> Dispatched:
             check_intake(intake, self._limits)  # the program id becomes part of a key name
-            program, engines = await self._state(t, intake.program_id)
-            req = admit(intake, program, self.settings, self._limits, self._clock())
+            own = scope_intake(intake, tenant)
+            program, engines = await self._state(t, own.program_id)
+            req = admit(own, program, self.settings, self._limits, self._clock())
             return await self._dispatch(req, program, engines, t, started)
 
         return await self._counted(run())
@@ -374,9 +381,12 @@ class Dispatcher:
         await self._redis(Timings(), self._r.delete(self._keys.program(program_id)))
         self.metrics.program_ended(program_id, {}, None)
 
-    async def end_program(self, program_id: str, outcome: float | None) -> ProgramEnd:
-        """Cancel the program's outstanding stage, keep its outcome as a label, forget the assignment."""
+    async def end_program(self, program_id: str, outcome: float | None, tenant: str = "") -> ProgramEnd:
+        """Cancel the program's outstanding stage, keep its outcome as a label, forget the assignment; all
+        in ``tenant``'s namespace."""
         check_id("program_id", program_id, self._limits.max_id_chars)
+        check_unscoped("program_id", program_id)
+        program_id = scoped(tenant, program_id)
         if outcome is not None and not 0.0 <= outcome <= 1.0:
             raise InvalidRequest(f"outcome must be in [0, 1], got {outcome}")
         t, k, f = Timings(), self._keys, ProgramField

@@ -48,6 +48,18 @@ class Overloaded(DispatchError):
         return str(math.ceil(self.retry_after_s))
 
 
+class Unauthenticated(DispatchError):
+    """No API key, a malformed one, an unknown one or a revoked one (HTTP 401)."""
+
+    code = "UNAUTHENTICATED"
+
+
+class PermissionDenied(DispatchError):
+    """A valid key asking for what its tenant may not have (HTTP 403)."""
+
+    code = "PERMISSION_DENIED"
+
+
 class ModelNotFound(DispatchError):
     code = "NOT_FOUND"
 

@@ -27,10 +27,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.common import tls
 from services.common.types import ChatMessage
 from services.dispatcher.dispatch import Dispatcher
 from services.dispatcher.errors import DispatchError, Overloaded
 from services.dispatcher.handoff import Delta, Dispatched, Final
+from services.dispatcher.http_doc import document
 from services.dispatcher.http_input import (
     BodyLimit,
     BodyTooLarge,
@@ -51,6 +53,7 @@ from services.dispatcher.openai_schema import (
     domain_error,
     error_body,
 )
+from services.dispatcher.tenancy import client_id, scoped
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +77,17 @@ class OpenAIFrontDoor:
         app.add_exception_handler(StarletteHTTPException, _http_error)
         app.add_exception_handler(Exception, _unexpected_error)
         app.add_middleware(BodyLimit, limit=self._d.settings.max_body_bytes)
+        document(app, self._d.settings)  # /openapi.json: headers, limits and error statuses as served
         return app
 
     async def health(self) -> dict[str, str]:
         return {"status": "ok"}
 
-    async def models(self) -> dict[str, Any]:
+    async def _tenant(self, request: Request) -> str:
+        return (await self._d.auth.principal(request.headers.get("authorization"))).tenant
+
+    async def models(self, request: Request) -> dict[str, Any]:
+        await self._tenant(request)
         names = [AUTO_MODEL, *sorted({e.model for e in await self._d.engines() if e.model})]
         data = [{"id": n, "object": "model", "created": 0, "owned_by": "chimera"} for n in names]
         return {"object": "list", "data": data}
@@ -98,6 +106,7 @@ class OpenAIFrontDoor:
         max_tokens: int | None,
         request: Request,
     ) -> Response:
+        tenant = await self._tenant(request)
         check_metadata(body.metadata, self._d.settings.max_metadata_chars)
         ident = resolve_identity(request.headers, body.metadata)
         intake = Intake(
@@ -115,17 +124,18 @@ class OpenAIFrontDoor:
             timeout_ms=ident.timeout_ms,
             last_stage=ident.one_shot,
         )
+        program_id = scoped(tenant, ident.program_id)
         try:
-            dispatched = await self._d.submit(intake)
+            dispatched = await self._d.submit(intake, tenant)
         except BaseException:
             if ident.one_shot:
-                await self._end_quietly(ident.program_id)
+                await self._end_quietly(program_id)
             raise
         stage = dispatched.request.stage
         headers = {
             "X-Chimera-Program-Id": ident.program_id,
             "X-Chimera-Stage": str(stage),
-            "X-Chimera-Request-Id": dispatched.request.request_id,
+            "X-Chimera-Request-Id": client_id(dispatched.request.request_id),
             "X-Chimera-Engine": dispatched.engine,
             "X-Chimera-Model": dispatched.model,
         }
@@ -138,7 +148,7 @@ class OpenAIFrontDoor:
             final = await self._final(dispatched, request)
         finally:
             if ident.one_shot:
-                await self._end_quietly(ident.program_id)
+                await self._end_quietly(program_id)
         if final is None:
             return Response(status_code=499)  # the caller is gone; nobody reads this
         return JSONResponse(completion_body(kind, final, ident.program_id, stage), headers=headers)
@@ -170,7 +180,7 @@ class OpenAIFrontDoor:
     async def _sse(
         self, kind: Kind, d: Dispatched, ident: Identity, include_usage: bool
     ) -> AsyncIterator[str]:
-        rid, model, created = d.request.request_id, d.model, int(time.time())
+        rid, model, created = client_id(d.request.request_id), d.model, int(time.time())
         sent, first_attempt = "", 0
         try:
             if kind == "chat":
@@ -211,7 +221,7 @@ class OpenAIFrontDoor:
             yield _sse(domain_error(e.code, str(e))[1])
         finally:
             if ident.one_shot:
-                await self._end_quietly(ident.program_id)
+                await self._end_quietly(d.request.program_id)
 
     async def _end_quietly(self, program_id: str) -> None:
         # May run while the handler is being cancelled: shield the call so the program is still ended.
@@ -279,9 +289,18 @@ class _EmbeddedUvicorn(uvicorn.Server):
 class HttpServer:
     """uvicorn serving ``app`` on a socket bound up front (so port 0 reports the port it got)."""
 
-    def __init__(self, app: FastAPI, host: str, port: int, grace_s: float, limit: int | None = None) -> None:
+    def __init__(
+        self,
+        app: FastAPI,
+        host: str,
+        port: int,
+        grace_s: float,
+        limit: int | None = None,
+        transport: tls.ServerTls | None = None,
+    ) -> None:
         self._app, self._host, self._port, self._grace_s = app, host, port, grace_s
         self._limit = limit
+        self._tls = transport
         self._server: _EmbeddedUvicorn | None = None
         self._task: asyncio.Task[None] | None = None
         self.port = 0
@@ -299,6 +318,7 @@ class HttpServer:
             # refuses first with 429 and a Retry-After.
             limit_concurrency=self._limit,
             backlog=4096,
+            **tls.uvicorn_ssl(self._tls),
         )
         self._server = _EmbeddedUvicorn(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http")
@@ -310,7 +330,8 @@ class HttpServer:
                     self._task.result()  # re-raises why it stopped
                 raise RuntimeError(f"HTTP server did not start on {self._host}:{self.port}")
             await asyncio.sleep(0.01)
-        log.info("OpenAI-compatible HTTP on http://%s:%d/v1", self._host, self.port)
+        scheme = "http" if self._tls is None else "https"
+        log.info("OpenAI-compatible HTTP on %s://%s:%d/v1", scheme, self._host, self.port)
         return self.port
 
     async def stop(self) -> None:
@@ -323,4 +344,5 @@ class HttpServer:
 def build_http_server(dispatcher: Dispatcher) -> HttpServer:
     s = dispatcher.settings
     app = OpenAIFrontDoor(dispatcher).app()
-    return HttpServer(app, s.http_host or s.host, s.http_port, s.grace_s, s.door_limit())
+    transport = tls.server_tls(s.tls_cert_file, s.tls_key_file)
+    return HttpServer(app, s.http_host or s.host, s.http_port, s.grace_s, s.door_limit(), transport)

@@ -39,6 +39,8 @@ def error_response(status: int, body: dict[str, Any], retry_after: str | None = 
     headers = {"x-should-retry": retry}
     if retry_after is not None:
         headers["retry-after"] = retry_after
+    if status == 401:
+        headers["www-authenticate"] = 'Bearer realm="chimera"'
     return JSONResponse(body, status_code=status, headers=headers)
 
 

@@ -13,10 +13,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.dispatcher.handoff import Final
+from services.dispatcher.tenancy import client_id
 
 # Domain error code (a gRPC status name) -> (HTTP status, OpenAI error type). One table, used everywhere.
 HTTP_ERRORS: Mapping[str, tuple[int, str]] = {
     "INVALID_ARGUMENT": (400, "invalid_request_error"),
+    "UNAUTHENTICATED": (401, "authentication_error"),
+    "PERMISSION_DENIED": (403, "permission_error"),
     "RESOURCE_EXHAUSTED": (413, "invalid_request_error"),
     "NOT_FOUND": (404, "invalid_request_error"),
     "ALREADY_EXISTS": (409, "conflict_error"),
@@ -99,7 +102,7 @@ def chimera_info(f: Final, program_id: str, stage: int) -> dict[str, Any]:
     return {
         "program_id": program_id,
         "stage": stage,
-        "request_id": f.request_id,
+        "request_id": client_id(f.request_id),
         "engine": f.engine,
         "queue_wait_s": f.queue_wait_s,
         "e2e_s": f.e2e_s,
@@ -125,7 +128,7 @@ def completion_body(kind: Kind, f: Final, program_id: str, stage: int) -> dict[s
     else:
         choice["text"] = f.text
     return {
-        "id": response_id(kind, f.request_id),
+        "id": response_id(kind, client_id(f.request_id)),
         "object": "chat.completion" if kind == "chat" else "text_completion",
         "created": int(time.time()),
         "model": f.model,

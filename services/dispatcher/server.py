@@ -26,6 +26,7 @@ from services.dispatcher.errors import DispatchError, InvalidRequest, Overloaded
 from services.dispatcher.handoff import Delta, Final
 from services.dispatcher.intake import Intake
 from services.dispatcher.reaper import reap_forever
+from services.dispatcher.tenancy import client_id
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ _status_codes = status_codes(_code, log, "dispatcher error; see its log", traile
 
 def _completion(f: Final) -> pb.Completion:
     return pb.Completion(
-        request_id=f.request_id,
+        request_id=client_id(f.request_id),
         text=f.text,
         finish_reason=f.finish_reason,
         usage=pb.Usage(prompt_tokens=f.prompt_tokens, completion_tokens=f.completion_tokens),
@@ -138,16 +139,27 @@ def _completion(f: Final) -> pb.Completion:
     )
 
 
+def _authorization(context: grpc.aio.ServicerContext) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization":
+            return str(value)
+    return None
+
+
 class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):  # type: ignore[misc]
     def __init__(self, dispatcher: Dispatcher) -> None:
         self._d = dispatcher
+
+    async def _tenant(self, context: grpc.aio.ServicerContext) -> str:
+        return (await self._d.auth.principal(_authorization(context))).tenant
 
     @_status_codes
     async def Generate(  # noqa: N802 (gRPC method name)
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
+        tenant = await self._tenant(context)
         decoded(request)
-        dispatched = await self._d.submit(intake_of(request))
+        dispatched = await self._d.submit(intake_of(request), tenant)
         async for item in self._d.stream(dispatched):
             if isinstance(item, Delta):
                 yield pb.GenerateResponse(delta=pb.TextDelta(text=item.text, attempt=item.attempt))
@@ -158,15 +170,17 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):  # type: ignor
     async def EndProgram(  # noqa: N802
         self, request: pb.EndProgramRequest, context: grpc.aio.ServicerContext
     ) -> pb.EndProgramResponse:
+        tenant = await self._tenant(context)
         decoded(request)
         outcome = request.outcome if request.HasField("outcome") else None
-        end = await self._d.end_program(request.program_id, outcome)
+        end = await self._d.end_program(request.program_id, outcome, tenant)
         return pb.EndProgramResponse(found=end.found, cancelled_requests=end.cancelled_requests)
 
     @_status_codes
     async def ListModels(  # noqa: N802
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListModelsResponse:
+        await self._tenant(context)
         decoded(request)
         by_model: dict[str, list[pb.EngineStatus]] = defaultdict(list)
         for snap in await self._d.engines():
@@ -217,6 +231,10 @@ class DispatcherServer:
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving on %s:%d (%s)", s.host, self.port, tls.describe(transport))
+        if not self.dispatcher.auth.required:
+            log.warning(
+                "serving open, without API keys: both doors listen on loopback only (auth=%s)", s.auth
+            )
         return self.port
 
     async def stop(self) -> None:

@@ -32,10 +32,15 @@ MAX_TIMEOUT_MS = 2**32 - 1
 # Ids become parts of Redis key names (``chimera:prog:<id>``, ``chimera:{e}:req:<id>``) and log lines: no
 # whitespace, no hash-tag braces (a ``{`` would move a key to another Cluster slot), no glob characters
 # (``*?[]`` would widen a SCAN pattern), no quotes or backslashes.
-_ID = re.compile(r"[A-Za-z0-9._:/@+=-]+")
+ID_PATTERN = r"[A-Za-z0-9._:/@+=-]+"  # also documented in /openapi.json (http_doc.py)
+_ID = re.compile(ID_PATTERN)
 _ID_CHARS = "letters, digits and . _ : / @ + = -"
+# The dispatcher puts a tenant's name and "~" in front of its ids (tenancy.py); a client's own id never
+# holds "~", and the limits apply to the client's part.
+_TENANT_PREFIX = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}~")
 # Workflow names are predictor features, metric labels and report keys: a plain path-like name.
-_WORKFLOW = re.compile(r"[A-Za-z0-9._:/-]+")
+WORKFLOW_PATTERN = r"[A-Za-z0-9._:/-]+"
+_WORKFLOW = re.compile(WORKFLOW_PATTERN)
 _WORKFLOW_CHARS = "letters, digits and . _ : / -"
 # A lone UTF-16 surrogate (JSON "\ud800") is a str Python holds but cannot encode as UTF-8: Redis, gRPC
 # and the engines would all fail on it later.
@@ -56,6 +61,8 @@ class Limits:
 
 
 def check_id(kind: str, value: str, max_chars: int = MAX_ID_CHARS) -> None:
+    prefix = _TENANT_PREFIX.match(value)
+    value = value[prefix.end() :] if prefix else value
     if not value:
         raise InvalidRequest(f"{kind} is required")
     if len(value) > max_chars:
