@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -28,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "compose.yaml").read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 GRPC = {"router": "router", "predictor": "predictor", "dispatcher": "dispatcher"}  # compose name -> package
-_VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
+# ${X}, ${X:-default} and ${X-default}; ${X:?message} is a secret the operator must set (no default).
+_VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*)|:?\?([^}]*))?\}")
 
 pytestmark = pytest.mark.unit
 
@@ -42,11 +44,20 @@ def chimera_services() -> list[str]:
     return [name for name, s in SERVICES.items() if module_of(s)]
 
 
+def secret(var: str) -> str:
+    """What the tests put in a required variable (``${X:?...}``), as deploy/make-env.sh would: hex."""
+    return var.encode().hex()
+
+
+def interpolate(value: object) -> str:
+    """``value`` as compose gives it with no overrides: ``${X:-default}`` -> default, a required
+    ``${X:?message}`` -> ``secret(X)``, and ``$$`` -> ``$``."""
+    return _VAR.sub(lambda m: secret(m.group(1)) if m.group(3) is not None else m.group(2) or "", str(value))
+
+
 def environment(service: dict[str, Any]) -> dict[str, str]:
-    """The service's environment as a container gets it with no overrides (``${X:-default}`` -> default)."""
-    return {
-        k: _VAR.sub(lambda m: m.group(2) or "", str(v)) for k, v in (service.get("environment") or {}).items()
-    }
+    """The service's environment as a container gets it with no overrides (see ``interpolate``)."""
+    return {k: interpolate(v) for k, v in (service.get("environment") or {}).items()}
 
 
 def settings_class(package: str) -> type[BaseSettings]:
@@ -84,6 +95,17 @@ def owner(var: str) -> str:
     """The package whose settings read ``CHIMERA_<PACKAGE>_...``; shared variables belong to ``common``."""
     packages = sorted((d.name for d in (ROOT / "services").iterdir() if d.is_dir()), key=len, reverse=True)
     return next((p for p in packages if var.startswith(f"CHIMERA_{p.upper()}_")), "common")
+
+
+def redis_options(argv: list[str]) -> list[tuple[str, list[str]]]:
+    """redis-server's command line as it reads it: each ``--name`` and the arguments up to the next one."""
+    out: list[tuple[str, list[str]]] = []
+    for arg in argv[1:]:
+        if arg.startswith("--"):
+            out.append((arg, []))
+        else:
+            out[-1][1].append(interpolate(arg))
+    return out
 
 
 def test_compose_file_follows_the_compose_specification() -> None:
@@ -234,10 +256,87 @@ def test_redis_keeps_its_data_as_the_launchers_does() -> None:
     redis = SERVICES["redis"]
     cmd = redis["command"]
     assert cmd[0] == "redis-server"
-    flags = dict(zip(cmd[1::2], cmd[2::2], strict=True))
+    flags = {name: args[0] for name, args in redis_options(cmd) if len(args) == 1}
     wanted = dict(zip(PERSISTENCE[::2], PERSISTENCE[1::2], strict=True))
     assert {k: flags.get(k) for k in wanted} == wanted, "compose's Redis persists unlike chimera up's"
     # The image keeps its files in /data: a named volume there outlives the container.
     volume = next(v.split(":")[0] for v in redis["volumes"] if v.split(":")[1] == "/data")
     assert volume in COMPOSE["volumes"]
     assert redis["restart"] == "unless-stopped"
+
+
+# --- secrets and access: Redis wants a password and gives each kind of client its own user ----------------
+
+SECRETS = {
+    "REDIS_DISPATCHER_PASSWORD",
+    "REDIS_WORKER_PASSWORD",
+    "REDIS_JOBS_PASSWORD",
+    "REDIS_ADMIN_PASSWORD",
+    "GRAFANA_ADMIN_PASSWORD",
+}
+REDIS_CLIENTS = {"dispatcher", "worker", "jobs"}  # the packages whose processes use Redis
+URL_VARS = ("CHIMERA_REDIS_URL", "CHIMERA_JOBS_BROKER_URL", "CHIMERA_JOBS_RESULT_BACKEND")
+
+
+def acl_users() -> dict[str, list[str]]:
+    """Each ``--user`` of compose's redis-server: name -> its ACL rules, variables interpolated."""
+    return {
+        args[0]: args[1:] for name, args in redis_options(SERVICES["redis"]["command"]) if name == "--user"
+    }
+
+
+def test_secrets_have_no_default_and_make_env_writes_each(tmp_path: Path) -> None:
+    text = (ROOT / "compose.yaml").read_text()
+    uses = [(m.group(1), m.group(3) is not None) for m in _VAR.finditer(text) if m.group(1) in SECRETS]
+    assert {var for var, _ in uses} == SECRETS
+    assert all(required for _, required in uses), "a secret has a default: compose would start without it"
+    out = tmp_path / "secrets.env"
+    subprocess.run(
+        [str(ROOT / "deploy" / "make-env.sh"), str(out)], check=True, capture_output=True, timeout=30
+    )
+    written = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    assert set(written) == SECRETS
+    assert all(re.fullmatch(r"[0-9a-f]{64}", v) for v in written.values())
+    assert len(set(written.values())) == len(written), "each secret is drawn on its own"
+    assert out.stat().st_mode & 0o777 == 0o600, "only its owner may read the secrets"
+    again = subprocess.run([str(ROOT / "deploy" / "make-env.sh"), str(out)], capture_output=True, timeout=30)
+    assert again.returncode != 0 and out.read_text().splitlines() == [f"{k}={v}" for k, v in written.items()]
+
+
+def test_redis_requires_a_password_and_each_client_has_its_own_user() -> None:
+    users = acl_users()
+    # Without a password, PING (the container health check) and nothing else.
+    assert users.pop("default") == ["reset", "on", "nopass", "+ping"]
+    prefix = environment(SERVICES["dispatcher"])["CHIMERA_KEY_PREFIX"]
+    for user, rules in users.items():
+        assert rules[:2] == ["reset", "on"] and "nopass" not in rules, user
+        assert [r for r in rules if r.startswith(">")] == [f">{secret(f'REDIS_{user.upper()}_PASSWORD')}"]
+        if user == "admin":
+            continue
+        assert {"-@admin", "-@dangerous"} <= set(rules), f"{user} may run CONFIG, FLUSHALL, KEYS, ..."
+        patterns = {r for r in rules if r[0] in "~&"}
+        if user == "jobs":  # Chimera's keys, and Celery's broker and results under their own prefix
+            celery = settings_class("jobs").model_fields["celery_key_prefix"].default
+            assert patterns == {f"~{prefix}:*", f"~{celery}*", f"&{celery}*"}
+        else:  # Chimera's keys only: not Celery's, so no job can be enqueued from here
+            assert patterns == {f"~{prefix}:*"}, user
+    assert set(users) == REDIS_CLIENTS | {"admin"}
+
+    for name, s in SERVICES.items():
+        env = environment(s)
+        kind = str(module_of(s)).split(".")[1] if module_of(s) else ""
+        if kind in REDIS_CLIENTS:
+            assert "CHIMERA_REDIS_URL" in env, f"{name} uses Redis without credentials"
+        for var in (v for v in URL_VARS if v in env):
+            url = urlsplit(env[var])
+            assert (url.username, url.hostname) == (kind, "redis"), f"{name}.{var} logs in as {url.username}"
+            assert url.password == secret(f"REDIS_{kind.upper()}_PASSWORD"), f"{name}.{var}"
+
+
+def test_grafana_wants_a_login_with_the_operators_password() -> None:
+    grafana = SERVICES["grafana"]
+    env = environment(grafana)
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert "GF_AUTH_ANONYMOUS_ORG_ROLE" not in env
+    assert env["GF_USERS_ALLOW_SIGN_UP"] == "false"
+    assert env["GF_SECURITY_ADMIN_PASSWORD"] == secret("GRAFANA_ADMIN_PASSWORD")
