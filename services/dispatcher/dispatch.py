@@ -29,7 +29,8 @@ from services.common.keys import ProgramField
 from services.common.queue import QueueStore
 from services.common.queue_records import EngineFull
 from services.common.snapshot import engine_ids, engines_from, queue_engine_reads, read_engines
-from services.common.types import EngineSnapshot, OutcomeRow, StageRequest
+from services.common.types import EngineSnapshot, StageRequest
+from services.dispatcher import programs
 from services.dispatcher.affinity import later_stage_route
 from services.dispatcher.auth import Authenticator, keys_required
 from services.dispatcher.clients import ConfidenceSource, LengthSource
@@ -68,7 +69,6 @@ from services.policy.routing import (
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-OUTCOMES_MAXLEN = 1_000_000
 _IDS_TTL_S = 1.0
 _OPEN_RETRY_S = 1.0  # a full dispatcher frees a slot as soon as any stream ends
 
@@ -134,10 +134,6 @@ class Dispatcher:
             return await guarded(call)
         finally:
             t.redis_ms += ms_since(t0)
-
-    async def _program(self, t: Timings, program_id: str) -> dict[str, str]:
-        raw = await self._redis(t, self._r.hgetall(self._keys.program(program_id)))
-        return cast(dict[str, str], raw)  # the client decodes responses
 
     async def _engine_ids(self, t: Timings, fresh: bool = False) -> list[str]:
         """The registered engines, re-read at most every ``_IDS_TTL_S``: an engine appears within a second."""
@@ -389,23 +385,7 @@ class Dispatcher:
         program_id = scoped(tenant, program_id)
         if outcome is not None and not 0.0 <= outcome <= 1.0:
             raise InvalidRequest(f"outcome must be in [0, 1], got {outcome}")
-        t, k, f = Timings(), self._keys, ProgramField
-        program = await self._program(t, program_id)
-        if not program:
-            return ProgramEnd(found=False, cancelled_requests=0)
-        engine, rid = program.get(f.ENGINE, ""), program.get(f.REQUEST_ID, "")
-        cancelled = 0
-        if engine and rid:
-            state = await self._redis(t, self.store.cancel(engine, rid, reason="program ended"))
-            cancelled = int(state in ("queued", "running"))
-        if outcome is not None:
-            row = OutcomeRow(
-                program_id, program.get(f.WORKFLOW, ""), program.get(f.MODEL, ""), engine, outcome
-            )
-            await self._redis(
-                t,
-                self._r.xadd(k.outcomes(), {"row": row.to_json()}, maxlen=OUTCOMES_MAXLEN, approximate=True),
-            )
-        await self._redis(t, self._r.delete(k.program(program_id)))
-        self.metrics.program_ended(program_id, program, outcome)
-        return ProgramEnd(found=True, cancelled_requests=cancelled)
+        end, program = await programs.end_program(self.store, program_id, outcome)
+        if end.found:
+            self.metrics.program_ended(program_id, program, outcome)
+        return end
