@@ -40,3 +40,18 @@ def spawn(tmp_path: Path) -> Iterator[Spawner]:
     spawner = Spawner(tmp_path)
     yield spawner
     spawner.close()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The fuzzers' counts (``record_property("fuzz", ...)``), shown in every run's summary, -q included."""
+    lines = [
+        str(value)
+        for outcome in ("passed", "failed")
+        for report in terminalreporter.getreports(outcome)
+        for name, value in report.user_properties
+        if name == "fuzz"
+    ]
+    if lines:
+        terminalreporter.write_sep("-", "fuzz")
+        for line in lines:
+            terminalreporter.write_line(line)

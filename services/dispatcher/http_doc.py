@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from services.common.types import ROLES
+from services.dispatcher.auth import keys_required
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.openai_schema import HTTP_ERRORS
 from services.dispatcher.validate import ID_PATTERN, MAX_TIMEOUT_MS, WORKFLOW_PATTERN
@@ -60,6 +61,15 @@ def _error(description: str, **headers: str) -> JSONObj:
     return out
 
 
+_AUTH_RESPONSES: JSONObj = {
+    _status("UNAUTHENTICATED"): _error(
+        "no API key, or an unknown or revoked one, where keys are required",
+        **{"WWW-Authenticate": "Bearer"},
+    ),
+    _status("PERMISSION_DENIED"): _error("the key's tenant may not do this"),
+}
+
+
 def generation_responses() -> JSONObj:
     """Every status the generation routes answer, keyed as OpenAPI keys them."""
     return {
@@ -69,6 +79,7 @@ def generation_responses() -> JSONObj:
             "content": {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {}},
         },
         _status("INVALID_ARGUMENT"): _error("a malformed field or header, naming it and its limit"),
+        **_AUTH_RESPONSES,
         _status("NOT_FOUND"): _error("the pinned model is served by no engine (`param`: model)"),
         _status("FAILED_PRECONDITION"): _error(
             "the stage goes backwards, reuses a request id, or contradicts the program's pinned model"
@@ -172,8 +183,16 @@ def describe(app: FastAPI, s: DispatcherSettings) -> JSONObj:
         op["parameters"] = identity_headers(s)
         op["responses"] = generation_responses()
         op["requestBody"]["description"] = f"JSON, at most {s.max_body_bytes} bytes (413 before parsing)"
-    models = doc["paths"]["/v1/models"]["get"]["responses"]
-    models[_status("UNAVAILABLE")] = _error("Redis unreachable")
+    models = doc["paths"]["/v1/models"]["get"]
+    models["responses"].update({**_AUTH_RESPONSES, _status("UNAVAILABLE"): _error("Redis unreachable")})
+    # An API key (auth.py), as the bearer token; where keys are not required (auth=auto on loopback, or
+    # off) calling without one is documented as the other choice.
+    doc["components"]["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}
+    security: list[JSONObj] = (
+        [{"apiKey": []}] if keys_required(s.auth, s.door_hosts()) else [{}, {"apiKey": []}]
+    )
+    for op in (models, *(doc["paths"][p]["post"] for p in GENERATION_PATHS)):
+        op["security"] = security
     return doc
 
 
