@@ -106,3 +106,5 @@ def test_the_keys_cli_creates_lists_and_revokes(
     assert runner.invoke(app, ["keys", "revoke", key_id]).exit_code == 0
     assert runner.invoke(app, ["keys", "revoke", "000000000000"]).exit_code == 1
     assert runner.invoke(app, ["keys", "create", "--tenant", "Bad Name"]).exit_code == 2
+    skipped = runner.invoke(app, ["keys", "create", "--tenant", "acme", "--first"])
+    assert skipped.exit_code == 0 and "none created" in skipped.output

@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from rich.console import Console
 from rich.table import Table
 
-from services.common.apikeys import ApiKeyStore, InvalidTenant
+from services.common.apikeys import ApiKeyStore, InvalidTenant, IssuedKey
 from services.common.config import CommonSettings
 from services.common.keys import Keys
 
@@ -48,13 +48,25 @@ def create(
     out: Annotated[
         Path | None, typer.Option(help="write the key to this file (mode 0600) instead of printing it")
     ] = None,
+    first: Annotated[
+        bool, typer.Option("--first", help="only if no key exists yet (a deployment's bootstrap)")
+    ] = False,
 ) -> None:
     """Create a key for TENANT. The key is shown once: only its hash is kept."""
+
+    async def make(store: ApiKeyStore) -> IssuedKey | None:
+        if first and await store.list():
+            return None
+        return await store.create(tenant, name)
+
     try:
-        issued = _run(lambda store: store.create(tenant, name))
+        issued = _run(make)
     except (InvalidTenant, ValueError) as e:
         console.print(f"[red]{e}[/]")
         raise typer.Exit(2) from e
+    if issued is None:
+        console.print("keys exist already; none created (--first)")
+        return
     if out is None:
         typer.echo(issued.token)
     else:
