@@ -6,8 +6,8 @@ sending ``run-42`` names ``globex~run-42``: it cannot end, extend, label or read
 learns nothing of it either (no "permission denied" that would confirm the id exists). Without
 authentication (loopback only) the tenant is empty and ids are used as given.
 
-``~`` is never part of a client's id (``validate``), so a scoped id parses back without ambiguity, and the
-tenant of every request, program, trace and outcome row is readable from its id (``chimera queue``).
+The spelling is ``services.common.tenant_ids``'s: the tenant of every request, program, trace and outcome
+row is readable from its id (``chimera queue``).
 """
 
 from __future__ import annotations
@@ -15,25 +15,11 @@ from __future__ import annotations
 import uuid
 from dataclasses import replace
 
+from services.common.tenant_ids import SEP, client_id, scoped, tenant_of
 from services.dispatcher.errors import InvalidRequest
 from services.dispatcher.intake import Intake
 
-SEP = "~"
-
-
-def scoped(tenant: str, ident: str) -> str:
-    """``ident`` in ``tenant``'s namespace (unchanged when there is no tenant)."""
-    return f"{tenant}{SEP}{ident}" if tenant else ident
-
-
-def client_id(ident: str) -> str:
-    """The id as its client chose it."""
-    return ident.rpartition(SEP)[2]
-
-
-def tenant_of(ident: str) -> str:
-    """The tenant a scoped id belongs to; "" for an unscoped one."""
-    return ident.rpartition(SEP)[0]
+__all__ = ["SEP", "check_unscoped", "client_id", "scope_intake", "scoped", "tenant_of"]
 
 
 def check_unscoped(kind: str, ident: str) -> None:

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from services.common.keys import Keys
+from services.common.tenant_ids import tenant_of
 from services.inspect.config import InspectSettings
 from services.inspect.explain import COST_LABELS, Explanation, RequestNotFound, explain
 from services.inspect.queue_view import EngineQueue, QueueView, WaitingRequest, queue_view
@@ -44,6 +45,7 @@ def _waiting_table(title: str, rows: tuple[WaitingRequest, ...]) -> Table:
     t = Table(title=title, title_justify="left")
     for col in (
         "pos",
+        "tenant",
         "request",
         "program",
         "stage",
@@ -57,6 +59,7 @@ def _waiting_table(title: str, rows: tuple[WaitingRequest, ...]) -> Table:
     for w in rows:
         t.add_row(
             str(w.position),
+            w.tenant,
             w.request_id,
             w.program_id,
             str(w.stage),
@@ -84,6 +87,7 @@ def _engine_tables(console: Console, e: EngineQueue, bound_s: float) -> None:
         return
     r = Table(title=f"running: {len(e.running)}", title_justify="left")
     for col in (
+        "tenant",
         "request",
         "program",
         "stage",
@@ -97,6 +101,7 @@ def _engine_tables(console: Console, e: EngineQueue, bound_s: float) -> None:
         r.add_column(col)
     for x in e.running:
         r.add_row(
+            x.tenant,
             x.request_id,
             x.program_id,
             str(x.stage),
@@ -140,7 +145,8 @@ def _test(ok: bool | None) -> str:
 def render_explanation(console: Console, e: Explanation) -> None:
     console.rule(f"[bold]{e.request_id}[/]: {e.state} on {e.engine} ({e.model})")
     console.print(
-        f"program {e.program_id}, workflow {e.workflow}, stage {e.stage}; policy {e.policy}, "
+        f"tenant {tenant_of(e.program_id) or '(open)'}, program {e.program_id}, workflow {e.workflow}, "
+        f"stage {e.stage}; policy {e.policy}, "
         f"decision branch [bold]{e.branch}[/]; tau {e.tau:g}, delta_s {e.delta_s:g}"
     )
     if e.candidates:

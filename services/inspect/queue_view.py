@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 
 from services.common.keys import EngineField, Keys, ProgramField, RequestField
 from services.common.snapshot import parse_engine
+from services.common.tenant_ids import tenant_of
 from services.policy.admission import work_s
 
 R, P = RequestField, ProgramField
@@ -29,6 +30,7 @@ class WaitingRequest:
     position: int  # 0 is served next
     request_id: str
     program_id: str
+    tenant: str  # "" when the dispatcher runs open (services/dispatcher/tenancy.py)
     workflow: str
     stage: int
     predicted_tokens: int
@@ -43,6 +45,7 @@ class WaitingRequest:
 class RunningRequest:
     request_id: str
     program_id: str
+    tenant: str
     workflow: str
     stage: int
     predicted_tokens: int
@@ -139,7 +142,8 @@ async def waiting_requests(
             WaitingRequest(
                 position=start + i,
                 request_id=rid,
-                program_id=str(row[R.PROGRAM_ID] or payload.get("program_id", "")),
+                program_id=(pid := str(row[R.PROGRAM_ID] or payload.get("program_id", ""))),
+                tenant=tenant_of(pid),
                 workflow=str(payload.get("workflow", "")),
                 stage=int(payload.get("stage", 0)),
                 predicted_tokens=int(_float(row[R.Y])),
@@ -163,7 +167,8 @@ async def _running(redis: Redis, keys: Keys, engine: str, now: float) -> tuple[R
         out.append(
             RunningRequest(
                 request_id=rid,
-                program_id=str(row[R.PROGRAM_ID] or payload.get("program_id", "")),
+                program_id=(pid := str(row[R.PROGRAM_ID] or payload.get("program_id", ""))),
+                tenant=tenant_of(pid),
                 workflow=str(payload.get("workflow", "")),
                 stage=int(payload.get("stage", 0)),
                 predicted_tokens=int(_float(row[R.Y])),
