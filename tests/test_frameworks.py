@@ -82,3 +82,44 @@ async def test_concurrent_langgraph_runs_get_their_own_programs(stack: Stack) ->
     assert len({r.program_id for r in runs}) == 2
     for run in runs:
         _one_program(run, 4)
+
+
+# --- OpenAI Agents SDK ------------------------------------------------------------------------------
+
+HANDOFF = (
+    ("planner", "You plan."),
+    ("coder", "You write the code."),
+    ("reviewer", "You review the code."),
+)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["run", "run_streamed"])
+async def test_an_agents_handoff_run_is_one_program(stack: Stack, stream: bool) -> None:
+    example = _load("agents_code_workflow")
+    run = await example.run(
+        stack.dispatcher_addr, MAX_TOKENS, stream, roles=HANDOFF, workflow="code/planner-coder-reviewer"
+    )
+    _one_program(run, 3)  # three agents, one model call each, handed off in order
+    assert run.program_id in _outcomes(stack)
+
+
+async def test_concurrent_agents_runs_get_their_own_programs(stack: Stack) -> None:
+    example = _load("agents_code_workflow")
+    a, b = await asyncio.gather(
+        *(example.run(stack.dispatcher_addr, MAX_TOKENS, roles=HANDOFF) for _ in range(2))
+    )
+    assert a.program_id != b.program_id
+    _one_program(a, 3)
+    _one_program(b, 3)
+
+
+# --- the examples, whole ----------------------------------------------------------------------------
+
+
+def test_the_examples_run(stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
+    lg = _load("langgraph_code_workflow")
+    assert lg.main(["--addr", stack.dispatcher_addr, "--max-tokens", str(MAX_TOKENS)]) == 0
+    ag = _load("agents_code_workflow")
+    assert ag.main(["--addr", stack.dispatcher_addr, "--max-tokens", str(MAX_TOKENS), "--stream"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("stage 3:") == 2 and "queue wait" in out, out
