@@ -19,7 +19,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends make \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 10001 --user-group chimera \
-    && mkdir -p /data/artifacts /data/traces /data/jobs /data/hf \
+    && mkdir -p /data/artifacts /data/traces /data/jobs /data/hf /data/secrets \
     && chown -R chimera:chimera /data
 WORKDIR /app
 COPY requirements.lock pyproject.toml Makefile ./

@@ -180,7 +180,7 @@ def test_dispatcher_reaches_router_and_predictor_through_compose_names() -> None
     assert env["CHIMERA_DISPATCHER_PREDICTOR_ADDR"].split(":")[0] in SERVICES
 
 
-ONE_SHOT = {"bootstrap"}  # run to completion before their dependents; no health to check
+ONE_SHOT = {"bootstrap", "first-key"}  # run to completion before their dependents; no health to check
 
 
 def test_dependencies_wait_for_health() -> None:
@@ -275,6 +275,8 @@ SECRETS = {
     "GRAFANA_ADMIN_PASSWORD",
 }
 REDIS_CLIENTS = {"dispatcher", "worker", "jobs"}  # the packages whose processes use Redis
+# Commands that log in as another package's user: `chimera keys` writes the key records the dispatcher reads.
+ACTS_AS = {"first-key": "dispatcher"}
 URL_VARS = ("CHIMERA_REDIS_URL", "CHIMERA_JOBS_BROKER_URL", "CHIMERA_JOBS_RESULT_BACKEND")
 
 
@@ -324,13 +326,28 @@ def test_redis_requires_a_password_and_each_client_has_its_own_user() -> None:
 
     for name, s in SERVICES.items():
         env = environment(s)
-        kind = str(module_of(s)).split(".")[1] if module_of(s) else ""
+        kind = ACTS_AS.get(name) or (str(module_of(s)).split(".")[1] if module_of(s) else "")
         if kind in REDIS_CLIENTS:
             assert "CHIMERA_REDIS_URL" in env, f"{name} uses Redis without credentials"
         for var in (v for v in URL_VARS if v in env):
             url = urlsplit(env[var])
             assert (url.username, url.hostname) == (kind, "redis"), f"{name}.{var} logs in as {url.username}"
             assert url.password == secret(f"REDIS_{kind.upper()}_PASSWORD"), f"{name}.{var}"
+
+
+def test_compose_makes_a_first_api_key_because_its_doors_face_the_network() -> None:
+    from services.dispatcher.auth import keys_required
+    from services.dispatcher.config import DispatcherSettings
+
+    env = environment(SERVICES["dispatcher"])
+    dispatcher = settings_class("dispatcher")
+    assert dispatcher is DispatcherSettings
+    auth = env.get("CHIMERA_DISPATCHER_AUTH", DispatcherSettings.model_fields["auth"].default)
+    assert keys_required(auth, (env["CHIMERA_DISPATCHER_HOST"],) * 2), "compose would serve open"
+    command = SERVICES["first-key"]["command"]
+    assert command[:5] == ["python", "-m", "services.cli.main", "keys", "create"] and "--first" in command
+    out = command[command.index("--out") + 1]
+    assert any(v.endswith(":" + str(Path(out).parent)) for v in SERVICES["first-key"]["volumes"])
 
 
 def test_grafana_wants_a_login_with_the_operators_password() -> None:
