@@ -9,6 +9,7 @@ name so that a process holding both the server and the client registers each mes
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from setuptools import setup
@@ -21,6 +22,9 @@ PROTO = Path("chimera/dispatcher/v1/dispatcher.proto")
 
 class BuildPyWithStubs(build_py):
     def run(self) -> None:
+        # Builds happen in place (clients/python/build): start empty, or a module since deleted from
+        # chimera_client would still be packed from an earlier build.
+        shutil.rmtree(self.build_lib, ignore_errors=True)
         super().run()
         from grpc_tools import protoc  # a build requirement (pyproject.toml)
 
