@@ -34,8 +34,8 @@ chimera/.stamp: $(PROTOS) $(STAMP)
 proto: chimera/.stamp  ## generate gRPC code from protos/ into chimera/ (not committed)
 
 lint: proto  ## ruff + mypy
-	$(VENV)/bin/ruff check services tests bench
-	$(VENV)/bin/ruff format --check services tests bench
+	$(VENV)/bin/ruff check services tests bench chimera_client clients examples
+	$(VENV)/bin/ruff format --check services tests bench chimera_client clients examples
 	$(VENV)/bin/mypy
 
 test: proto  ## the whole suite: lint, unit, redis, e2e (starts every service it needs)
@@ -50,6 +50,10 @@ demo: proto  ## run real workflows end to end on the embedded default pool
 
 up: proto  ## start every service locally (Ctrl-C stops them)
 	$(VENV)/bin/chimera up
+
+.PHONY: client-wheel
+client-wheel: $(STAMP)  ## the client alone (chimera_client + generated stubs; needs grpcio, protobuf) into dist/
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w dist clients/python
 
 bench: proto  ## paper-scale simulator sweep, all policies (bench/results/, ~8 min)
 	$(PY) -m bench.run --full
