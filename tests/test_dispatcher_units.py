@@ -45,6 +45,9 @@ GOOD = StageRequest(
         ({"sampling": SamplingParams(max_tokens=5, top_p=0.0)}, InvalidRequest),
         ({"sampling": SamplingParams(max_tokens=5, temperature=float("nan"))}, InvalidRequest),
         ({"messages": (ChatMessage("user", "x" * 51),)}, RequestTooLarge),
+        ({"sampling": SamplingParams(max_tokens=5, stop=("",))}, InvalidRequest),
+        ({"model_pin": "m" * 257}, InvalidRequest),
+        ({"program_id": "acme~p~q"}, InvalidRequest),
     ],
 )
 def test_validation_refuses(change: dict[str, object], error: type[Exception]) -> None:

@@ -26,6 +26,8 @@ MAX_WORKFLOW_CHARS = 200
 MAX_ID_CHARS = 200
 MAX_STAGE = 10_000
 MAX_STAGE_SKIP = 4
+# Not a knob: longer than any served model name (a Hugging Face repo id is at most 96 characters).
+MAX_MODEL_CHARS = 256
 # A wire bound, not a knob: gRPC's timeout_ms is a uint32, and the HTTP header gets the same range.
 MAX_TIMEOUT_MS = 2**32 - 1
 
@@ -115,9 +117,17 @@ def check_stop(stop: Iterable[str], limits: Limits) -> None:
     if len(stop) > limits.max_stop_sequences:
         raise InvalidRequest(f"stop has {len(stop)} sequences; the limit is {limits.max_stop_sequences}")
     for i, s in enumerate(stop):
+        if not s:
+            raise InvalidRequest(f"stop[{i}] is empty: it would match before the first token")
         if len(s) > limits.max_stop_chars:
             raise InvalidRequest(f"stop[{i}] has {len(s)} characters; the limit is {limits.max_stop_chars}")
         check_text(f"stop[{i}]", s)
+
+
+def check_model(model: str) -> None:
+    if len(model) > MAX_MODEL_CHARS:
+        raise InvalidRequest(f"model has {len(model)} characters; the limit is {MAX_MODEL_CHARS}")
+    check_text("model", model)
 
 
 def validate_request(req: StageRequest, limits: Limits) -> None:
@@ -146,7 +156,7 @@ def validate_request(req: StageRequest, limits: Limits) -> None:
     if not any(m.role == "user" and m.content.strip() for m in req.messages):
         raise InvalidRequest("messages need at least one non-empty user message (the task text)")
     if req.model_pin is not None:
-        check_text("model", req.model_pin)
+        check_model(req.model_pin)
     if not 1 <= s.max_tokens <= limits.max_tokens_limit:
         raise InvalidRequest(f"max_tokens must be in [1, {limits.max_tokens_limit}], got {s.max_tokens}")
     if not (math.isfinite(s.temperature) and 0.0 <= s.temperature <= 2.0):
