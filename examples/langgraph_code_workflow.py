@@ -73,8 +73,10 @@ def build(llm: BaseChatModel) -> Any:
         return {"code": code, "outcome": 1.0 if parses(code) else 0.0}  # the graph reports its outcome
 
     g = StateGraph(CodeState)
-    for name, node in (("planner", planner), ("coder", coder), ("qa", qa), ("fixer", fixer)):
-        g.add_node(name, node)
+    g.add_node("planner", planner)
+    g.add_node("coder", coder)
+    g.add_node("qa", qa)
+    g.add_node("fixer", fixer)
     g.add_edge(START, "planner")
     g.add_edge("planner", "coder")
     g.add_edge("coder", "qa")
