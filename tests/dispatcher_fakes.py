@@ -168,9 +168,10 @@ async def dispatcher_server(
 
 
 @contextlib.contextmanager
-def simulated_stack(tmp_path: Path, max_num_seqs: int = 4) -> Iterator[Stack]:
-    """The whole stack as real processes (``chimera up``'s launcher) over two simulated engines that run
-    ten times faster than their profile; every port is a free one."""
+def simulated_stack(tmp_path: Path, max_num_seqs: int = 4, small_engines: int = 1) -> Iterator[Stack]:
+    """The whole stack as real processes (``chimera up``'s launcher) over simulated engines that run ten
+    times faster than their profile: ``small_engines`` of the small model (ids small, small2, ...) and one
+    of the large; every port is a free one."""
     profile = {"decode_ms_per_token": 33.0, "max_batch_size": 4, "step_ms": [[1, 33.0], [16, 51.6]]}
 
     def engine(eid: str, model: str, slow: float) -> EngineSpec:
@@ -178,12 +179,11 @@ def simulated_stack(tmp_path: Path, max_num_seqs: int = 4) -> Iterator[Stack]:
         env = {"time_scale": "10", "profile_json": json.dumps(p)}
         return EngineSpec(id=eid, model=model, kind="simulated", max_num_seqs=max_num_seqs, env=env)
 
-    pool = PoolSpec(
-        engines=(
-            engine("small", "Qwen/Qwen2.5-1.5B-Instruct", 1.0),
-            engine("large", "Qwen/Qwen2.5-7B-Instruct", 3.0),
-        )
+    smalls = tuple(
+        engine("small" if i == 0 else f"small{i + 1}", "Qwen/Qwen2.5-1.5B-Instruct", 1.0)
+        for i in range(small_engines)
     )
+    pool = PoolSpec(engines=(*smalls, engine("large", "Qwen/Qwen2.5-7B-Instruct", 3.0)))
     settings = LauncherSettings.ephemeral(tmp_path)
     with running_stack(settings, pool) as stack:
         yield stack

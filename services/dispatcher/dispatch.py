@@ -51,6 +51,7 @@ from services.dispatcher.handoff import Dispatched, ProgramEnd, StreamItem
 from services.dispatcher.hub import StreamHub
 from services.dispatcher.intake import Intake, admit, check_intake
 from services.dispatcher.metrics import DispatcherMetrics
+from services.dispatcher.pending import Claim, PendingLoad
 from services.dispatcher.reattach import reattach
 from services.dispatcher.stream import stream_output
 from services.dispatcher.tenancy import check_unscoped, scope_intake, scoped
@@ -116,6 +117,7 @@ class Dispatcher:
         self._ids: list[str] = []
         self._ids_at = 0.0
         self._gate = Gate(settings.bounds(), self.metrics)
+        self._pending = PendingLoad()
         required = keys_required(settings.auth, settings.door_hosts())
         self.auth = Authenticator(ApiKeyStore(redis, store.keys) if required else None, settings.auth_cache_s)
         self._dispatching = 0
@@ -173,9 +175,10 @@ class Dispatcher:
         async def run() -> Dispatched:
             check_intake(intake, self._limits)  # the program id becomes part of a key name
             own = scope_intake(intake, tenant)
-            program, engines = await self._state(t, own.program_id)
-            req = admit(own, program, self.settings, self._limits, self._clock())
-            return await self._dispatch(req, program, engines, t, started)
+            with self._pending.scope() as claim:
+                program, engines = await self._state(t, own.program_id)
+                req = admit(own, program, self.settings, self._limits, self._clock())
+                return await self._dispatch(req, program, engines, t, started, claim)
 
         return await self._counted(run())
 
@@ -185,9 +188,10 @@ class Dispatcher:
 
         async def run() -> Dispatched:
             validate_request(req, self._limits)
-            program, engines = await self._state(t, req.program_id)
-            check_stage_skip(req.stage, program, self._limits.max_stage_skip)
-            return await self._dispatch(req, program, engines, t, started)
+            with self._pending.scope() as claim:
+                program, engines = await self._state(t, req.program_id)
+                check_stage_skip(req.stage, program, self._limits.max_stage_skip)
+                return await self._dispatch(req, program, engines, t, started, claim)
 
         return await self._counted(run())
 
@@ -220,6 +224,7 @@ class Dispatcher:
         engines: list[EngineSnapshot],
         t: Timings,
         started: float,
+        claim: Claim,
     ) -> Dispatched:
         """Everything after validation and the state read, which ``submit`` and ``dispatch`` do."""
         degraded: list[str] = []
@@ -251,8 +256,10 @@ class Dispatcher:
                 else:
                     preds = await self._up.predictions(req, models, t, degraded)
                 t0 = time.perf_counter()
+                pool, engines = claim.applied(pool), claim.applied(engines)  # pending.py: no herding
                 route = choose(self._policy, pool, confidences, self._knobs, req.model_pin)
                 route, browned_out_from, max_load = self._gate.admit(route, engines, confidences)
+                claim.take(route.engine_id, preds[route.model].p50)
                 t.policy_ms += ms_since(t0)
         engine, model, branch = route.engine_id, route.model, str(route.branch)
         pred = preds[model]
@@ -321,6 +328,7 @@ class Dispatcher:
             await self._undo_and_refuse(t, status, req, self._gate.filled(full))
         if not enqueued:  # a retry that raced its first copy past the check above
             return await self._reattach(t, status, program, req, engine, model, started)
+        claim.enqueued()
         d = Dispatched(
             req,
             engine,
