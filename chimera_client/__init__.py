@@ -7,7 +7,7 @@ async with AsyncClient("127.0.0.1:50051") as client:
         wf.set_outcome(1.0 if tests_pass(code.text) else 0.0)
 """
 
-from chimera_client.client import AsyncClient, Client
+from chimera_client.client import AsyncClient, Client, tls_credentials
 from chimera_client.errors import (
     ChimeraError,
     DeadlineExceededError,
@@ -36,6 +36,7 @@ from chimera_client.workflow import AsyncWorkflow, Workflow
 
 __all__ = [
     "AsyncClient",
+    "tls_credentials",
     "NO_RETRY",
     "RetryPolicy",
     "AsyncWorkflow",

@@ -55,6 +55,14 @@ def _last(events: Iterable[TextDelta | Completion]) -> Completion:
     return final
 
 
+def tls_credentials(ca_file: str | None = None) -> grpc.ChannelCredentials:
+    """TLS credentials that trust ``ca_file`` (PEM), or the system's roots when None."""
+    if ca_file is None:
+        return grpc.ssl_channel_credentials()
+    with open(ca_file, "rb") as f:
+        return grpc.ssl_channel_credentials(root_certificates=f.read())
+
+
 class AsyncClient:
     """``async with AsyncClient(addr) as client``; one channel, safe to share between tasks."""
 
@@ -65,12 +73,19 @@ class AsyncClient:
         default_timeout_s: float | None = None,
         retry: RetryPolicy = RetryPolicy(),
         api_key: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         """``retry``: what a stage does when the pool is busy or the connection breaks (``NO_RETRY``:
-        every failure surfaces at once). ``api_key``: sent on every call (default: ``CHIMERA_API_KEY``)."""
+        every failure surfaces at once). ``api_key``: sent on every call (default: ``CHIMERA_API_KEY``).
+        ``credentials``: TLS to a door that serves it, e.g. ``grpc.ssl_channel_credentials(ca_pem)``
+        (``tls_credentials``); None: plaintext."""
         self.addr = addr
         self._metadata = auth_metadata(api_key)
-        self._channel = grpc.aio.insecure_channel(addr)
+        self._channel = (
+            grpc.aio.insecure_channel(addr)
+            if credentials is None
+            else grpc.aio.secure_channel(addr, credentials)
+        )
         self._stub = dispatcher_pb2_grpc.DispatcherStub(self._channel)
         self._timeout_s = default_timeout_s
         self._retry = retry
@@ -201,10 +216,13 @@ class Client:
         default_timeout_s: float | None = None,
         retry: RetryPolicy = RetryPolicy(),
         api_key: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self.addr = addr
         self._metadata = auth_metadata(api_key)
-        self._channel = grpc.insecure_channel(addr)
+        self._channel = (
+            grpc.insecure_channel(addr) if credentials is None else grpc.secure_channel(addr, credentials)
+        )
         self._stub = dispatcher_pb2_grpc.DispatcherStub(self._channel)
         self._timeout_s = default_timeout_s
         self._retry = retry

@@ -29,6 +29,7 @@ from tls_certs import Pki, make_pki
 
 from chimera.dispatcher.v1 import dispatcher_pb2 as pb
 from chimera.dispatcher.v1 import dispatcher_pb2_grpc
+from chimera_client import NO_RETRY, Client, tls_credentials
 from services.common import tls
 from services.common.health import grpc_unhealthy
 from services.common.keys import Keys
@@ -154,6 +155,9 @@ def test_both_doors_serve_tls_and_refuse_plaintext(
     with tls.sync_channel(grpc_addr, trusting) as channel:
         stub = dispatcher_pb2_grpc.DispatcherStub(channel)
         assert stub.ListModels(pb.ListModelsRequest(), timeout=10) is not None
+    # The SDK, as a client of a TLS door does it.
+    with Client(grpc_addr, credentials=tls_credentials(str(pki.ca)), retry=NO_RETRY) as sdk:
+        assert sdk.list_models() == ()  # no engine registered: an answer, over TLS
     # Plaintext, and TLS without trusting the CA (the system's roots do not know it), get no answer.
     assert "UNAVAILABLE" in str(grpc_unhealthy(grpc_addr, 5.0))
     assert "UNAVAILABLE" in str(grpc_unhealthy(grpc_addr, 5.0, transport=tls.ClientTls()))
