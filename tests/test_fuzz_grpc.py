@@ -34,7 +34,7 @@ from services.dispatcher.server import SERVICE_NAME
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(180)]
 
-EXAMPLES = 200
+EXAMPLES = 250
 U32, U64 = 2**32 - 1, 2**64 - 1
 # Client errors the README lists, and the two server errors it documents (UNAVAILABLE, DEADLINE_EXCEEDED).
 DOCUMENTED = {

@@ -9,8 +9,10 @@ bad identity headers). Properties, over a fixed, derandomized budget:
 - no hang: each call answers within ``HANG_S`` and an accepted request drains from its engine;
 - a refused request (4xx, 503) leaves Redis as it was (``fuzz_stack.residue``).
 
-Half the cases name a served model (``auto`` or a pinned one) and some share a program id, so that valid
-cases get dispatched and run multi-stage programs rather than all ending as 404s or new programs.
+Two thirds of the cases are steered towards being served (a served model, a user task), some share a
+program id and some carry a short deadline, so that valid cases get dispatched, run multi-stage programs and
+run out of time, rather than all ending as 404s. Each test runs its budget in a few seconds per hundred
+cases on a 2-core machine (``EXAMPLES``).
 """
 
 from __future__ import annotations
@@ -39,10 +41,12 @@ from services.dispatcher.http_doc import GENERATION_PATHS
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(180)]
 
-EXAMPLES = 150
+EXAMPLES = 200
 # How a case is steered towards being served (None: left as generated).
 MODELS = st.sampled_from([None, "auto", "m-small"])
 PROGRAMS = st.sampled_from([None, None, "fz-a", "fz-b"])
+# A deadline that runs out while the request is queued or running (504, or an error event in a stream).
+TIMEOUTS = st.sampled_from([None, None, None, None, "1", "15"])
 TASK = {"role": "user", "content": "write a haiku about queues"}
 
 
@@ -52,9 +56,9 @@ async def stack(private_redis: PrivateRedis, keys: Keys, redis_client: Redis) ->
         yield s
 
 
-def _steer(case: Case, model: str | None, program: str | None) -> None:
+def _steer(case: Case, model: str | None, program: str | None, timeout: str | None) -> None:
     """Make a generated case likelier to be served: a served model, a user task (the one rule of a valid
-    chat body a schema cannot state), and a shared program id whose next stage it runs."""
+    chat body a schema cannot state), a shared program id whose next stage it runs, a short deadline."""
     body = case.body
     if model is not None and isinstance(body, dict):
         body["model"] = model
@@ -65,6 +69,8 @@ def _steer(case: Case, model: str | None, program: str | None) -> None:
     if program is not None and case.path in GENERATION_PATHS:
         case.headers = {**(case.headers or {}), "X-Chimera-Program-Id": program}
         case.headers.pop("X-Chimera-Stage", None)
+    if timeout is not None and case.path in GENERATION_PATHS:
+        case.headers = {**(case.headers or {}), "X-Chimera-Timeout-Ms": timeout}
 
 
 def _stream_errors(resp: requests.Response) -> list[str]:
@@ -114,9 +120,9 @@ def _fuzz(stack: FuzzStack) -> Tally:
         phases=[Phase.explicit, Phase.generate],
         suppress_health_check=list(HealthCheck),
     )
-    @given(cases, MODELS, PROGRAMS)
-    def one(case: Case, model: str | None, program: str | None) -> None:
-        _steer(case, model, program)
+    @given(cases, MODELS, PROGRAMS, TIMEOUTS)
+    def one(case: Case, model: str | None, program: str | None, timeout: str | None) -> None:
+        _steer(case, model, program, timeout)
         before = observer.snapshot()
         started = time.monotonic()
         try:
