@@ -7,9 +7,11 @@ failure surfaces as a ``ChimeraError`` subclass chosen by its status code (``chi
 from __future__ import annotations
 
 import os
+import socket
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from types import TracebackType
+from typing import cast
 
 import grpc
 
@@ -40,6 +42,33 @@ def auth_metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {key}"),) if key else ()
 
 
+def channel_target(addr: str | Sequence[str]) -> tuple[str, list[tuple[str, str]]]:
+    """A gRPC target and channel options for one address, or for several dispatcher replicas, which the
+    channel then uses in turn (round robin; a replica that goes away is skipped until it is back). Each of
+    several addresses is ``host:port``, resolved here to IPv4 (gRPC's ``ipv4:`` target lists addresses)."""
+    if isinstance(addr, str):
+        return addr, []
+    resolved = []
+    for a in addr:
+        host, _, port = a.rpartition(":")
+        infos = socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_STREAM)
+        resolved.append(f"{infos[0][4][0]}:{port}")
+    return "ipv4:" + ",".join(resolved), [("grpc.lb_policy_name", "round_robin")]
+
+
+def _channel(
+    addr: str | Sequence[str], credentials: grpc.ChannelCredentials | None, aio: bool
+) -> grpc.Channel | grpc.aio.Channel:
+    target, options = channel_target(addr)
+    if aio:
+        if credentials is None:
+            return grpc.aio.insecure_channel(target, options)
+        return grpc.aio.secure_channel(target, credentials, options)
+    if credentials is None:
+        return grpc.insecure_channel(target, options)
+    return grpc.secure_channel(target, credentials, options)
+
+
 def new_request_id() -> str:
     """The id every try of one stage carries, so that a retry re-attaches instead of running it again."""
     return f"sdk-{uuid.uuid4().hex}"
@@ -68,7 +97,7 @@ class AsyncClient:
 
     def __init__(
         self,
-        addr: str = DEFAULT_ADDR,
+        addr: str | Sequence[str] = DEFAULT_ADDR,
         *,
         default_timeout_s: float | None = None,
         retry: RetryPolicy = RetryPolicy(),
@@ -81,11 +110,7 @@ class AsyncClient:
         (``tls_credentials``); None: plaintext."""
         self.addr = addr
         self._metadata = auth_metadata(api_key)
-        self._channel = (
-            grpc.aio.insecure_channel(addr)
-            if credentials is None
-            else grpc.aio.secure_channel(addr, credentials)
-        )
+        self._channel = cast(grpc.aio.Channel, _channel(addr, credentials, aio=True))
         self._stub = dispatcher_pb2_grpc.DispatcherStub(self._channel)
         self._timeout_s = default_timeout_s
         self._retry = retry
@@ -211,7 +236,7 @@ class Client:
 
     def __init__(
         self,
-        addr: str = DEFAULT_ADDR,
+        addr: str | Sequence[str] = DEFAULT_ADDR,
         *,
         default_timeout_s: float | None = None,
         retry: RetryPolicy = RetryPolicy(),
@@ -220,9 +245,7 @@ class Client:
     ) -> None:
         self.addr = addr
         self._metadata = auth_metadata(api_key)
-        self._channel = (
-            grpc.insecure_channel(addr) if credentials is None else grpc.secure_channel(addr, credentials)
-        )
+        self._channel = cast(grpc.Channel, _channel(addr, credentials, aio=False))
         self._stub = dispatcher_pb2_grpc.DispatcherStub(self._channel)
         self._timeout_s = default_timeout_s
         self._retry = retry

@@ -31,6 +31,7 @@ PINNED = {
     "program": (K.program("p1"), "chimera:prog:p1"),
     "program_pattern": (K.program_pattern(), "chimera:prog:*"),
     "api_keys": (K.api_keys(), "chimera:apikeys"),
+    "reaper_lease": (K.reaper_lease(), "chimera:reaper:lease"),
     "outcomes": (K.outcomes(), "chimera:outcomes"),
     "profile": (K.profile("e0"), "chimera:{e0}:profile"),
     "export_cursor": (K.export_cursor(), "chimera:{jobs}:export:cursor"),

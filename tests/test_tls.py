@@ -11,20 +11,16 @@
 
 from __future__ import annotations
 
-import os
 import re
 import ssl
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from pydantic import ValidationError
-from test_router_process import _fake_rows, stop_service
+from service_proc import Service
+from test_router_process import _fake_rows
 from tls_certs import Pki, make_pki
 
 from chimera.dispatcher.v1 import dispatcher_pb2 as pb
@@ -51,39 +47,6 @@ _HTTP = re.compile(r"HTTP on (https?)://\S+:(\d+)/v1")
 @pytest.fixture
 def pki(tmp_path: Path) -> Pki:
     return make_pki(tmp_path / "pki")
-
-
-class Service:
-    """``python -m <module>`` with its stderr drained by a thread (a full pipe would stall the process) and
-    kept for the log lines the test reads."""
-
-    def __init__(self, module: str, env: dict[str, str]) -> None:
-        self.module = module
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", module], env={**os.environ, **env}, stderr=subprocess.PIPE, text=True
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._drain, daemon=True)
-        self._reader.start()
-
-    def _drain(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line)
-
-    def wait_for(self, pattern: re.Pattern[str], timeout_s: float = 60) -> re.Match[str]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for line in list(self.lines):
-                if m := pattern.search(line):
-                    return m
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"{self.module}: no {pattern.pattern!r} in:\n{''.join(self.lines)}")
-
-    def stop(self) -> int:
-        return stop_service(self.proc)
 
 
 @pytest.fixture

@@ -172,6 +172,33 @@ class Keys:
         """
         return f"{self.prefix}:apikeys"
 
+    @key("HASH", "`chimera tenants set`")
+    def tenant_limits(self) -> str:
+        """Tenant → JSON quotas: ``max_workflows``, ``tokens_per_minute``, ``weight`` (``TenantLimits``).
+
+        A tenant without a record, or a field left at its default, gets the dispatcher's defaults
+        (``tenant_*`` settings). Read by each dispatcher at most once per tenant per ``auth_cache_s``.
+        """
+        return f"{self.prefix}:tenants"
+
+    @key("ZSET", "quota script (dispatcher)", "program_ttl_s past the last stage")
+    def tenant_workflows(self, tenant: str) -> str:
+        """A tenant's live workflows: program id → when it lapses (unix s), what ``max_workflows`` counts.
+
+        Added by a workflow's first stage, pushed back by each later one, removed when the program ends;
+        an entry past its time (an idle program's row expired) is dropped by the next admission.
+        """
+        return f"{self.prefix}:{{tenant:{tenant}}}:workflows"
+
+    @key("HASH", "quota script (dispatcher)", "two minutes")
+    def tenant_tokens(self, tenant: str) -> str:
+        """A tenant's tokens-per-minute counter: ``window`` (unix minute), ``cur`` and ``prev`` (tokens
+        charged in it and the one before), read as a sliding minute (``services.dispatcher.quota_scripts``).
+
+        Shares its hash tag with ``tenant_workflows``: one script checks and charges both.
+        """
+        return f"{self.prefix}:{{tenant:{tenant}}}:tokens"
+
     @key("HASH", "`chimera profile`, the worker when it profiles at start")
     def profile(self, engine: str) -> str:
         """An engine's measured profile (``json``, and its scalars for redis-cli): ``ProfileField``.
@@ -179,6 +206,11 @@ class Keys:
         Written by ``chimera profile``; read by the worker at start to publish into ``engine_info``.
         """
         return f"{self.prefix}:{{{engine}}}:profile"
+
+    @key("STRING", "every dispatcher replica", "the lease (PX)")
+    def reaper_lease(self) -> str:
+        """The name of the dispatcher replica that runs the reaper now: one per deployment."""
+        return f"{self.prefix}:reaper:lease"
 
     @key("HASH", "export job")
     def export_cursor(self) -> str:
@@ -240,6 +272,11 @@ class EngineField:
     REAP_HELD: Final = "reap_held"  # the last REAP held its round after a stall (see queue_scripts.REAP)
     LOAD: Final = "load"  # sum of the engine's in-flight predicted tokens, kept by the queue scripts
     DRAINED: Final = "drained"  # predicted tokens released so far (a counter): how fast the queue drains
+    # Fair shares (services.policy.fairness), kept by the queue scripts: each tenant's part of ``load`` and
+    # its weight, as ``<prefix><tenant>`` fields while it holds work on the engine, and their weights' sum.
+    TENANT_LOAD_PREFIX: Final = "tenant_load:"
+    TENANT_WEIGHT_PREFIX: Final = "tenant_weight:"
+    TENANT_WEIGHTS: Final = "tenant_weights"
 
 
 class EngineHealth:

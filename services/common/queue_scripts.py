@@ -15,7 +15,10 @@ complete it a second time.
 
 from __future__ import annotations
 
-# Release a request's in-flight accounting (the paper's I[m] entry) exactly once.
+# Release a request's in-flight accounting (the paper's I[m] entry) exactly once, and its tenant's part of it.
+# A tenant's request ids read ``tenant~id`` (services.dispatcher.tenancy; neither part holds a ``~``), so the
+# tenant is read back from the id: no script needs another argument to release it. Tenant "" (ids without
+# ``~``) keeps no tenant fields. A tenant holding nothing more leaves the engine's active weights (fairness).
 _RELEASE = """
 local function release(inflight, info, id)
   local y = redis.call('HGET', inflight, id)
@@ -23,6 +26,12 @@ local function release(inflight, info, id)
     redis.call('HDEL', inflight, id)
     redis.call('HINCRBY', info, 'load', -tonumber(y))
     redis.call('HINCRBY', info, 'drained', tonumber(y))
+    local t = string.match(id, '^(.+)~')
+    if t and redis.call('HINCRBY', info, 'tenant_load:' .. t, -tonumber(y)) <= 0 then
+      local w = redis.call('HGET', info, 'tenant_weight:' .. t) or '0'
+      redis.call('HINCRBY', info, 'tenant_weights', -tonumber(w))
+      redis.call('HDEL', info, 'tenant_load:' .. t, 'tenant_weight:' .. t)
+    end
   end
 end
 """
@@ -87,10 +96,13 @@ return redis.call('HMGET', KEYS[1], 'program_id', 'y', 'y90', 'score', 't_enq', 
 
 # KEYS: req, inflight, info, queue, wake
 # ARGV: id, payload, y, y90, score, t_enq, queue_ttl_s (how long it may wait), decision, program_id,
-#       max_load (in-flight tokens the engine may already hold for this request to join; 0: no bound)
+#       max_load (in-flight tokens the engine may already hold for this request to join; 0: no bound),
+#       weight (the tenant's fair-share weight; default 1)
 # Returns 1 when enqueued, 0 when the request id already exists, -1 when the engine holds more than
 # max_load (nothing is changed in either case). The bound is checked here, with the write, because
-# concurrent dispatches all read the engine's load before any of them adds to it.
+# concurrent dispatches all read the engine's load before any of them adds to it. A tenant's request (id
+# ``tenant~id``) also adds to its part of the load and puts its weight among the engine's active weights,
+# what the fairness term reads (services.policy.fairness); release takes both back.
 ENQUEUE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local max_load = tonumber(ARGV[10] or '0')
@@ -100,6 +112,14 @@ redis.call('HSET', KEYS[1], 'payload', ARGV[2], 'y', ARGV[3], 'y90', ARGV[4], 's
 redis.call('EXPIRE', KEYS[1], ARGV[7])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 redis.call('HINCRBY', KEYS[3], 'load', ARGV[3])
+local t = string.match(ARGV[1], '^(.+)~')
+if t then
+  local w = tonumber(ARGV[11] or '1')
+  local old = tonumber(redis.call('HGET', KEYS[3], 'tenant_weight:' .. t) or '0')
+  redis.call('HINCRBY', KEYS[3], 'tenant_weights', w - old)
+  redis.call('HSET', KEYS[3], 'tenant_weight:' .. t, w)
+  redis.call('HINCRBY', KEYS[3], 'tenant_load:' .. t, ARGV[3])
+end
 redis.call('ZADD', KEYS[4], ARGV[5], ARGV[1])
 redis.call('RPUSH', KEYS[5], 1)
 redis.call('LTRIM', KEYS[5], -1, -1)
@@ -401,6 +421,16 @@ EXPORT_COMMIT = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+# KEYS: lock
+# ARGV: token, lease_ms
+# Takes a free lease, or extends it if the caller holds it. Returns 1 if the caller holds it now, else 0.
+LEASE_HOLD = """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
 

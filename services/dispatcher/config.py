@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Literal
 
 from pydantic import Field, FilePath, ValidationInfo, field_validator, model_validator
@@ -151,6 +153,11 @@ class DispatcherSettings(CommonSettings):
     engine_dead_after_s: float = Field(
         default=15.0, gt=0, description="an engine whose heartbeat is older than this gets no new work"
     )
+    replica: str = Field(
+        default="",
+        max_length=200,
+        description="this dispatcher replica's name (logs, the reaper lease); empty: host:pid",
+    )
     reaper_interval_s: float = Field(
         default=5.0, gt=0, le=3600, description="how often the dispatcher re-queues work of crashed workers"
     )
@@ -219,6 +226,9 @@ class DispatcherSettings(CommonSettings):
         if v < default:
             raise ValueError("max_tokens_limit must be >= max_tokens_default")
         return v
+
+    def replica_name(self) -> str:
+        return self.replica or f"{socket.gethostname()}:{os.getpid()}"
 
     def door_hosts(self) -> tuple[str, str]:
         return self.host, self.http_host or self.host

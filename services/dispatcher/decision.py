@@ -52,6 +52,7 @@ def decision_record(
     """The JSON-ready record of one dispatch."""
     return {
         "policy": policy.name,
+        "replica": s.replica_name(),  # which dispatcher replica decided (several may share one Redis)
         "branch": branch,
         "engine": engine,
         "model": model,

@@ -226,7 +226,8 @@ class DispatcherServer:
         self.port = tls.add_port(self.server, f"{s.host}:{s.port}", transport)
         await self.server.start()
         self._reaper = asyncio.create_task(
-            reap_forever(self.dispatcher.store, self._redis, s.reaper_interval_s), name="reaper"
+            reap_forever(self.dispatcher.store, self._redis, s.reaper_interval_s, s.replica_name()),
+            name="reaper",
         )
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
