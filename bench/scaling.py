@@ -147,7 +147,7 @@ def run(cfg: ScalingConfig) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workflows", type=int, default=ScalingConfig.workflows)
+    p.add_argument("--workflows", type=int, default=ScalingConfig().workflows)
     args = p.parse_args()
     result = run(ScalingConfig(workflows=args.workflows))
     result["command"] = f"python -m bench.scaling --workflows {args.workflows}"
