@@ -74,7 +74,13 @@ def _secret(directory: Path, gen: dict[str, Any], options: dict[str, Any]) -> Do
                 if not sep:
                     raise Unsupported(f"{env_file}: {line!r} is not KEY=VALUE")
                 data[key.strip()] = base64.b64encode(value.encode()).decode()
-    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": gen["name"]}, "type": "Opaque", "data": data}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": gen["name"]},
+        "type": "Opaque",
+        "data": data,
+    }
 
 
 def pod_spec(doc: Doc) -> dict[str, Any] | None:
