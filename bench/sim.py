@@ -31,7 +31,7 @@ import heapq
 import itertools
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bench.workload import Job
@@ -93,9 +93,10 @@ class SimConfig:
     aging_rate: float = DEFAULT_KNOBS.aging_rate  # tokens per second of waiting
     priority_cap: int = DEFAULT_KNOBS.priority_cap_tokens
     seed: int = 0
+    fair_cap: int = DEFAULT_KNOBS.fair_cap_tokens
 
     def knobs(self) -> Knobs:
-        return Knobs(self.tau, self.delta_s, self.aging_rate, self.priority_cap)
+        return Knobs(self.tau, self.delta_s, self.aging_rate, self.priority_cap, self.fair_cap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,9 +214,14 @@ class _Sim:
     """One run's mutable state; ``simulate`` is the only way in."""
 
     def __init__(
-        self, config: SimConfig, specs: Mapping[str, EngineSpec], policies: Mapping[str, Policy]
+        self,
+        config: SimConfig,
+        specs: Mapping[str, EngineSpec],
+        policies: Mapping[str, Policy],
+        tenant_of: Callable[[Job], tuple[str, int]] | None = None,
     ) -> None:
         self.config = config
+        self.tenant_of = tenant_of or (lambda job: ("", 1))  # (tenant, weight); "" without tenants
         self.knobs = config.knobs()
         self.variant = VARIANTS[config.variant]
         self.policy = _fed(policies[self.variant.policy], self.variant)
@@ -267,6 +273,8 @@ class _Sim:
             lambda model: _size(job, model, stage),
             _confidence(job, self.variant.router) if stage == 0 else {},
             now,
+            None,
+            *self.tenant_of(job),
         )
         route = placed.route
         req = _Req(job, route.model, route.engine_id, stage, now, arrival_s, queue_s, placed.score)
@@ -320,11 +328,11 @@ class _Sim:
         self.admit(e, now)
         self.schedule(e, now)
 
-    def run(self, jobs: Sequence[Job]) -> SimResult:
+    def run(self, jobs: Sequence[Job], arrivals_s: Sequence[float] | None = None) -> SimResult:
         rng = random.Random(self.config.seed)
         t = 0.0
-        for job in jobs:
-            t += rng.expovariate(self.config.rps)
+        for i, job in enumerate(jobs):
+            t = arrivals_s[i] if arrivals_s is not None else t + rng.expovariate(self.config.rps)
             self.arrivals.append((t, next(self.seq), job))
         self.arrivals.reverse()  # pop() from the end is the earliest
         while self.arrivals or self.events:
@@ -347,12 +355,16 @@ def simulate(
     config: SimConfig,
     specs: Mapping[str, EngineSpec],
     policies: Mapping[str, Policy] = POLICIES,
+    tenant_of: Callable[[Job], tuple[str, int]] | None = None,
+    arrivals_s: Sequence[float] | None = None,
 ) -> SimResult:
     """Run ``jobs`` arriving at ``config.rps`` through the pool; every workflow runs to completion.
 
     ``policies`` is the product's registry; a test may pass a wrapped copy to count the calls.
+    ``tenant_of``: each job's (tenant, fair-share weight), for the fairness benchmark; ``arrivals_s``: the
+    jobs' arrival times (sorted) instead of a Poisson process at ``config.rps``.
     """
-    return _Sim(config, specs, policies).run(jobs)
+    return _Sim(config, specs, policies, tenant_of).run(jobs, arrivals_s)
 
 
 @dataclass(frozen=True, slots=True)

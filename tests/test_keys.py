@@ -31,6 +31,9 @@ PINNED = {
     "program": (K.program("p1"), "chimera:prog:p1"),
     "program_pattern": (K.program_pattern(), "chimera:prog:*"),
     "api_keys": (K.api_keys(), "chimera:apikeys"),
+    "tenant_limits": (K.tenant_limits(), "chimera:tenants"),
+    "tenant_workflows": (K.tenant_workflows("acme"), "chimera:{tenant:acme}:workflows"),
+    "tenant_tokens": (K.tenant_tokens("acme"), "chimera:{tenant:acme}:tokens"),
     "reaper_lease": (K.reaper_lease(), "chimera:reaper:lease"),
     "outcomes": (K.outcomes(), "chimera:outcomes"),
     "profile": (K.profile("e0"), "chimera:{e0}:profile"),
@@ -43,7 +46,8 @@ FIELDS = {
     EngineField: {
         "model", "kind", "decode_ms_per_token", "max_batch_size", "max_num_seqs", "profile", "profile_source",
         "time_scale", "worker_id", "heartbeat_ms", "running", "held", "load", "drained", "health",
-        "health_reason", "max_attempts", "isolating", "lease_ms", "reaped_ms", "reap_held",
+        "health_reason", "max_attempts", "isolating", "lease_ms", "reaped_ms", "reap_held", "tenant_load:",
+        "tenant_weight:", "tenant_weights",
     },
     RequestField: {
         "payload", "program_id", "y", "y90", "score", "t_enq", "state", "attempt", "decision", "worker",

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from services.cli import keys, train
+from services.cli import keys, tenants, train
 from services.cli.profile import profile
 from services.common.logs import setup_logging
 from services.inspect.cli import app as inspect_app
@@ -22,6 +22,7 @@ from services.launcher.stack import running_stack
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 app.add_typer(train.app, name="train")
 app.add_typer(keys.app, name="keys")
+app.add_typer(tenants.app, name="tenants")
 app.add_typer(inspect_app)
 app.command()(profile)
 # Wide enough for the demo's tables when stdout is not a terminal (CI logs, pipes).

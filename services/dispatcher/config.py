@@ -11,6 +11,7 @@ from pydantic_settings import SettingsConfigDict
 
 from services.common import tls
 from services.common.config import CommonSettings
+from services.common.tenants import TenantLimits
 from services.dispatcher import validate as v
 from services.dispatcher.auth import is_loopback
 from services.policy.admission import DEFAULT_MAX_QUEUE_S, Bounds
@@ -190,6 +191,28 @@ class DispatcherSettings(CommonSettings):
         le=300,
         description="how long a key's record is cached; a revoked key keeps working at most this long",
     )
+    # Tenant quotas and fair shares (quotas.py, services/policy/fairness.py); `chimera tenants set` overrides
+    # them per tenant. Tenant "" (no authentication) has no limits unless one is set for it.
+    tenant_max_workflows: int = Field(
+        default=0,
+        ge=0,
+        description="live workflows a tenant may hold at once; a new one past it gets 429 (0: no limit)",
+    )
+    tenant_tokens_per_minute: int = Field(
+        default=0,
+        ge=0,
+        description="tokens (prompt + max_tokens of each stage) a tenant may be charged over a sliding "
+        "minute; past it 429 with the Retry-After when the stage fits (0: no limit)",
+    )
+    tenant_weight: int = Field(
+        default=1, ge=1, le=1000, description="a tenant's fair-share weight in every engine's queue order"
+    )
+    fair_cap_tokens: int = Field(
+        default=DEFAULT_KNOBS.fair_cap_tokens,
+        ge=0,
+        description="most tokens a tenant over its fair share of an engine is pushed back in the queue; the "
+        "aging bound grows by at most this / aging_rate seconds (0: no fairness term)",
+    )
     # Transport security (services/common/tls.py): each unset setting leaves its hop in plaintext.
     tls_cert_file: FilePath | None = Field(
         default=None, description="certificate chain (PEM) both doors (gRPC, HTTP) present; unset: plaintext"
@@ -275,4 +298,8 @@ class DispatcherSettings(CommonSettings):
 
     def knobs(self) -> Knobs:
         """The policy knobs as the pure policy functions take them."""
-        return Knobs(self.tau, self.delta_s, self.aging_rate, self.priority_cap_tokens)
+        return Knobs(self.tau, self.delta_s, self.aging_rate, self.priority_cap_tokens, self.fair_cap_tokens)
+
+    def tenant_defaults(self) -> TenantLimits:
+        """The quotas of a tenant without a record of its own."""
+        return TenantLimits(self.tenant_max_workflows, self.tenant_tokens_per_minute, self.tenant_weight)

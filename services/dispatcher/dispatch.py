@@ -52,6 +52,7 @@ from services.dispatcher.hub import StreamHub
 from services.dispatcher.intake import Intake, admit, check_intake
 from services.dispatcher.metrics import DispatcherMetrics
 from services.dispatcher.pending import Claim, PendingLoad
+from services.dispatcher.quotas import Quotas
 from services.dispatcher.reattach import reattach
 from services.dispatcher.stream import stream_output
 from services.dispatcher.tenancy import check_unscoped, scope_intake, scoped
@@ -60,12 +61,7 @@ from services.dispatcher.validate import check_id, check_stage_skip, validate_re
 from services.policy import contract
 from services.policy.contract import JobSize
 from services.policy.registry import POLICIES
-from services.policy.routing import (
-    AffinityConflict,
-    candidates,
-    choose,
-    queue_score,
-)
+from services.policy.routing import AffinityConflict, candidates, choose, queue_score
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -120,6 +116,7 @@ class Dispatcher:
         self._pending = PendingLoad()
         required = keys_required(settings.auth, settings.door_hosts())
         self.auth = Authenticator(ApiKeyStore(redis, store.keys) if required else None, settings.auth_cache_s)
+        self.quotas = Quotas.of(redis, store.keys, settings)
         self._dispatching = 0
         b = self._gate.bounds
         self.metrics.limits(
@@ -178,7 +175,8 @@ class Dispatcher:
             with self._pending.scope() as claim:
                 program, engines = await self._state(t, own.program_id)
                 req = admit(own, program, self.settings, self._limits, self._clock())
-                return await self._dispatch(req, program, engines, t, started, claim)
+                async with self.quotas.charge(req, new=not program):  # given back if the dispatch is refused
+                    return await self._dispatch(req, program, engines, t, started, claim)
 
         return await self._counted(run())
 
@@ -295,11 +293,12 @@ class Dispatcher:
                 )
             engine, model, branch, browned_out_from = assigned, assigned_model, "reuse-race", ""
             max_load = 0  # it joins an admitted workflow
+        fair = await self._redis(t, self.quotas.fair_term(engine, req.request_id))  # tenant "": no read
         t_enq = self._clock()
         t0 = time.perf_counter()
         # attained is 0 on a first stage: nothing has finished yet.
         size = JobSize(predicted_total=pred.p50, attained=int(program.get(ProgramField.ATTAINED) or 0))
-        score = queue_score(self._policy, size, t_enq, self._knobs)
+        score = queue_score(self._policy, size, t_enq, self._knobs, fair.tokens)
         t.policy_ms += ms_since(t0)
         decision = decision_record(
             self.settings,
@@ -320,7 +319,7 @@ class Dispatcher:
         decision["dispatch_ms_before_enqueue"] = ms_since(started)
         try:
             enqueued = await self._redis(
-                t, self.store.enqueue(engine, req, pred, score, t_enq, decision, max_load)
+                t, self.store.enqueue(engine, req, pred, score, t_enq, decision, max_load, fair.weight)
             )
         except EngineFull:
             # The engine filled past the bound between our read and our write (concurrent dispatches).
@@ -382,7 +381,7 @@ class Dispatcher:
     async def forget_program(self, program_id: str) -> None:
         """Drop a program whose stages have all finished or been cancelled (a one-stage HTTP request):
         ``end_program`` without its reads, as there is nothing left to cancel and no outcome to keep."""
-        await self._redis(Timings(), self._r.delete(self._keys.program(program_id)))
+        await self._redis(Timings(), programs.forget(self.store, program_id))
         self.metrics.program_ended(program_id, {}, None)
 
     async def end_program(self, program_id: str, outcome: float | None, tenant: str = "") -> ProgramEnd:

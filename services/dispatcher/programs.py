@@ -9,6 +9,7 @@ from services.common.queue import QueueStore
 from services.common.types import OutcomeRow
 from services.dispatcher.errors import guarded
 from services.dispatcher.handoff import ProgramEnd
+from services.dispatcher.tenancy import tenant_of
 
 OUTCOMES_MAXLEN = 1_000_000
 
@@ -29,5 +30,13 @@ async def end_program(
     if outcome is not None:
         row = OutcomeRow(program_id, program.get(f.WORKFLOW, ""), program.get(f.MODEL, ""), engine, outcome)
         await guarded(r.xadd(k.outcomes(), {"row": row.to_json()}, maxlen=OUTCOMES_MAXLEN, approximate=True))
-    await guarded(r.delete(k.program(program_id)))
+    await guarded(forget(store, program_id))
     return ProgramEnd(found=True, cancelled_requests=cancelled), program
+
+
+async def forget(store: QueueStore, program_id: str) -> None:
+    """Delete a program's row and free its place among its tenant's live workflows (``max_workflows``)."""
+    pipe = store.redis.pipeline(transaction=False)
+    pipe.delete(store.keys.program(program_id))
+    pipe.zrem(store.keys.tenant_workflows(tenant_of(program_id)), program_id)
+    await pipe.execute()

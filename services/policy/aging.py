@@ -24,15 +24,23 @@ def priority_score(size_tokens: int, enqueued_unix: float, aging_rate: float, ca
     before ``t_r + cap / beta`` (at most ``cap / beta`` seconds of later arrivals). The reaper re-queues a
     request with its original score, so the bound survives worker crashes. The cap keeps a wildly
     over-predicted request from waiting longer than ``cap / beta`` seconds of arrivals.
+
+    Across tenants (``fairness``). A tenant over its fair share is scored at a virtual arrival
+    ``t + d`` with ``0 <= d <= D = fair_cap / beta`` (``routing.queue_score``). The same argument on
+    virtual arrivals: if r' is served while r waits, ``beta * (t_r' + d_r') <= min(y_r, cap) +
+    beta * (t_r + d_r)``, and ``d_r' >= 0``, ``d_r <= D`` give ``t_r' <= t_r + (min(y_r, cap) + fair_cap) /
+    beta``. So fairness lengthens the bound by at most ``fair_cap / beta`` seconds (205 s at the defaults),
+    for every policy built on this score, and not at all for tenant "" or a lone tenant (d = 0).
     """
     if aging_rate <= 0:
         raise ValueError("aging_rate must be > 0 (without aging, a long request can starve)")
     return float(max(0, min(size_tokens, cap))) + aging_rate * enqueued_unix
 
 
-def wait_bound_s(size_tokens: int, aging_rate: float, cap: int) -> float:
-    """Seconds after its arrival beyond which no newcomer overtakes a request (see ``priority_score``)."""
-    return max(0, min(size_tokens, cap)) / aging_rate
+def wait_bound_s(size_tokens: int, aging_rate: float, cap: int, fair_cap: int = 0) -> float:
+    """Seconds after its arrival beyond which no newcomer overtakes a request (see ``priority_score``);
+    ``fair_cap``: the fairness term's cap when tenants share the engine."""
+    return (max(0, min(size_tokens, cap)) + max(0, fair_cap)) / aging_rate
 
 
 def fcfs_priority(size_tokens: int, enqueued_unix: float, aging_rate: float, cap: int) -> float:

@@ -17,6 +17,9 @@ class Knobs:
     delta_s: float = 0.05  # confidence margin needed to leave the fastest engine
     aging_rate: float = 20.0  # aging credit in tokens per second of waiting (anti-starvation)
     priority_cap_tokens: int = 8192  # predictions above this count as this much for priority
+    # Most tokens a tenant over its fair share is penalised (services.policy.fairness); 0: no fairness term.
+    # The aging bound grows by at most fair_cap_tokens / aging_rate seconds (205 s at the defaults).
+    fair_cap_tokens: int = 4096
 
     def __post_init__(self) -> None:
         if not (self.tau >= 0 and self.delta_s >= 0):
@@ -25,6 +28,8 @@ class Knobs:
             raise ValueError("aging_rate must be > 0 (without aging, a long request can starve)")
         if self.priority_cap_tokens < 1:
             raise ValueError("priority_cap_tokens must be >= 1")
+        if self.fair_cap_tokens < 0:
+            raise ValueError("fair_cap_tokens must be >= 0")
 
 
 DEFAULT_KNOBS = Knobs()

@@ -1,7 +1,8 @@
 """``Ledger``: the scheduling state the queue scripts keep in Redis, as plain Python, for the simulator.
 
 Per engine: the in-flight map I[m] (request -> predicted tokens) and its sum (the ``load`` field of
-``engine_info``), the queue (request -> static score, smallest served first) and the running claims; per
+``engine_info``), each tenant's part of it and its weight (the ``tenant_*`` fields: what the fairness term
+reads), the queue (request -> static score, smallest served first) and the running claims; per
 program: its assignment (affinity). ``dispatch`` makes the decision the dispatcher makes, with the same
 functions (``routing``), so the simulator's schedule is the product's; ``tests/test_decisions_agree.py``
 runs one trace through this and through the real dispatcher on Redis and compares every decision and queue.
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 
 from services.common.types import EngineProfile, EngineSnapshot
 from services.policy.contract import JobSize, Policy
+from services.policy.fairness import DEFAULT_WEIGHT, EngineShare, fairness_tokens
 from services.policy.knobs import Knobs
 from services.policy.routing import (
     Assignment,
@@ -51,6 +53,14 @@ class _Book:
     load: int = 0
     queue: list[tuple[float, float, int, str]] = field(default_factory=list)  # (score, t_enq, seq, id)
     running: set[str] = field(default_factory=set)
+    tenant_load: dict[str, int] = field(default_factory=dict)  # tenant -> its part of load
+    tenant_weight: dict[str, int] = field(default_factory=dict)  # tenant -> weight, while it holds work
+
+    def share(self, tenant: str) -> EngineShare:
+        own_weight = self.tenant_weight.get(tenant, 0)
+        return EngineShare(
+            self.load, self.tenant_load.get(tenant, 0), own_weight, sum(self.tenant_weight.values())
+        )
 
 
 class Ledger:
@@ -59,6 +69,7 @@ class Ledger:
         self._books = {eid: _Book(eid, model, profile) for eid, model, profile in engines}
         self._programs: dict[str, Assignment] = {}
         self._scores: dict[str, float] = {}
+        self._tenants: dict[str, str] = {}  # request id -> its tenant, for a named one
         self._seq = itertools.count()
 
     def snapshots(self) -> list[EngineSnapshot]:
@@ -78,11 +89,14 @@ class Ledger:
         confidences: Mapping[str, float],
         now: float,
         model_pin: str | None = None,
+        tenant: str = "",
+        weight: int = DEFAULT_WEIGHT,
     ) -> Placement:
         """The dispatcher's decision for one stage request: route (affinity or the policy), then size it on
         the chosen model (``size_on(model)``: predictions are model-specific, so the dispatcher asks the
         predictor after routing), score, charge, enqueue. ``confidences`` are only read for a program's first
-        stage, as the router is only asked then.
+        stage, as the router is only asked then. ``tenant`` "" (no authentication) keeps no tenant
+        accounting and gets no fairness term, as in the queue scripts.
         """
         engines = self.snapshots()
         known = self._programs.get(program_id)
@@ -92,11 +106,16 @@ class Ledger:
             route = choose(policy, candidates(engines, model_pin), confidences, knobs, model_pin)
         self._programs[program_id] = Assignment(route.engine_id, route.model, stage)
         size = size_on(route.model)
-        score = queue_score(policy, size, now, knobs)
-        y = inflight_tokens(policy, size)
         book = self._books[route.engine_id]
+        fair = fairness_tokens(weight, book.share(tenant), knobs.fair_cap_tokens) if tenant else 0.0
+        score = queue_score(policy, size, now, knobs, fair)
+        y = inflight_tokens(policy, size)
         book.inflight[request_id] = y
         book.load += y
+        if tenant:
+            self._tenants[request_id] = tenant
+            book.tenant_weight[tenant] = weight
+            book.tenant_load[tenant] = book.tenant_load.get(tenant, 0) + y
         self._push(book, request_id, score, now)
         return Placement(route, score, y)
 
@@ -126,8 +145,14 @@ class Ledger:
         """A running request finished: its claim and its in-flight charge go (the COMPLETE script)."""
         book = self._books[engine]
         book.running.remove(request_id)
-        book.load -= book.inflight.pop(request_id)
+        y = book.inflight.pop(request_id)
+        book.load -= y
         del self._scores[request_id]
+        tenant = self._tenants.pop(request_id, "")
+        if tenant:
+            book.tenant_load[tenant] -= y
+            if book.tenant_load[tenant] <= 0:  # it holds nothing more: it leaves the active weights
+                del book.tenant_load[tenant], book.tenant_weight[tenant]
 
     def end_program(self, program_id: str) -> None:
         self._programs.pop(program_id, None)

@@ -14,6 +14,7 @@ from typing import Literal
 from services.common.types import EngineSnapshot
 from services.policy.contract import JobSize, NoLiveEngine, Policy, PriorityInput, Selection
 from services.policy.estimates import load_ms_per_token
+from services.policy.fairness import fairness_delay_s
 from services.policy.knobs import Knobs
 
 Branch = Literal["new", "pinned", "reuse", "moved"]
@@ -127,10 +128,16 @@ def fed_input(policy: Policy, size: JobSize) -> PriorityInput:
     return policy.priority_input
 
 
-def queue_score(policy: Policy, size: JobSize, t_enq: float, knobs: Knobs) -> float:
-    """The static score the engine's queue sorts by (smallest first)."""
+def queue_score(policy: Policy, size: JobSize, t_enq: float, knobs: Knobs, fair_tokens: float = 0.0) -> float:
+    """The static score the engine's queue sorts by (smallest first).
+
+    ``fair_tokens``: the tenant's fairness penalty (``fairness.fairness_tokens``, at most
+    ``knobs.fair_cap_tokens``), applied as a virtual arrival that many seconds of aging credit later, so it
+    means the same for every policy; 0 leaves the score exactly as without tenants.
+    """
     tokens = size.tokens(fed_input(policy, size))
-    return policy.priority(tokens, t_enq, knobs.aging_rate, knobs.priority_cap_tokens)
+    t_virtual = t_enq + fairness_delay_s(fair_tokens, knobs.aging_rate) if fair_tokens > 0 else t_enq
+    return policy.priority(tokens, t_virtual, knobs.aging_rate, knobs.priority_cap_tokens)
 
 
 def inflight_tokens(policy: Policy, size: JobSize) -> int:
