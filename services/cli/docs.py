@@ -19,7 +19,13 @@ from services.common.keys import KeyDoc, Keys
 _SECTION = re.compile(r"<!-- ([a-z]+):start")
 
 # Parameter name -> what a key shows in its place. The engine is the hash tag, so ``e`` reads ``{e}``.
-PLACEHOLDERS = {"engine": "e", "request_id": "<id>", "program_id": "<program>", "kind": "<kind>", "tenant": "<tenant>"}
+PLACEHOLDERS = {
+    "engine": "e",
+    "request_id": "<id>",
+    "program_id": "<program>",
+    "kind": "<kind>",
+    "tenant": "<tenant>",
+}
 
 
 @dataclass(frozen=True, slots=True)
