@@ -22,6 +22,7 @@ import psutil  # type: ignore[import-untyped]
 import redis
 
 from services.common.keys import Keys
+from services.common.redis_client import connect_sync
 from services.launcher.stack import Stack
 from services.launcher.supervisor import Child
 
@@ -61,7 +62,7 @@ class FaultEnv:
         return round(time.monotonic() - self.fired_at, 2)
 
     def redis(self) -> redis.Redis:
-        return redis.Redis.from_url(self.stack.redis_url, decode_responses=True, socket_timeout=2.0)
+        return connect_sync(self.stack.redis_url, socket_timeout=2.0)
 
     def child(self, name: str) -> Child:
         return next(c for c in self.stack.supervisor.children if c.name == name)

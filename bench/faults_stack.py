@@ -32,6 +32,7 @@ from bench.faults_drive import (
 )
 from bench.faults_inject import CRASH_ENGINE, DIE_AFTER, FAULTS, FaultEnv, Injection
 from services.common.keys import Keys
+from services.common.redis_client import connect_sync
 from services.launcher.config import LauncherSettings
 from services.launcher.pool import EngineSpec, PoolSpec
 from services.launcher.stack import Stack, running_stack
@@ -136,7 +137,7 @@ RESIDUE_FIELDS = ("load", "inflight", "queue", "claims")
 def residue(stack: Stack, keys: Keys) -> dict[str, int]:
     """Accounting left non-zero (what tests/test_e2e_stack.py asserts is zero after a run), plus requests
     still queued or running and program-table entries that EndProgram should have removed."""
-    r = redis.Redis.from_url(stack.redis_url, decode_responses=True, socket_timeout=5.0)
+    r = connect_sync(stack.redis_url, socket_timeout=5.0)
     try:
         out: dict[str, int] = {}
         for e in stack.pool.engines:
@@ -159,7 +160,7 @@ def residue(stack: Stack, keys: Keys) -> dict[str, int]:
 
 def traced(stack: Stack, keys: Keys) -> dict[str, int] | None:
     """Trace rows per request id; None when Redis lost its data (the marker is gone)."""
-    r = redis.Redis.from_url(stack.redis_url, decode_responses=True, socket_timeout=5.0)
+    r = connect_sync(stack.redis_url, socket_timeout=5.0)
     try:
         if not r.exists(marker(keys)):
             return None

@@ -31,6 +31,7 @@ import redis
 
 from bench.load import FAST, _pool
 from bench.overhead_procs import cpu_seconds, stack_groups
+from services.common.redis_client import connect_sync
 from services.launcher.config import LauncherSettings
 from services.launcher.stack import Stack, running_stack
 from services.sdk.client import AsyncClient, Completion
@@ -114,7 +115,7 @@ def run(cfg: ScalingConfig) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="chimera-scaling-") as tmp:
         settings = LauncherSettings.ephemeral(Path(tmp))
         with running_stack(settings, _pool(FAST, 256, 1000.0)) as stack:
-            r = redis.Redis.from_url(stack.redis_url, decode_responses=True)
+            r = connect_sync(stack.redis_url)
             asyncio.run(_drive(stack.dispatcher_addr, ScalingConfig(workflows=8)))  # warm every path
             groups = stack_groups(stack)
             r.config_resetstat()  # the stack's own private Redis: nobody else's counters

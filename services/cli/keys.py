@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
-from redis.asyncio import Redis
 from rich.console import Console
 from rich.table import Table
 
 from services.common.apikeys import ApiKeyStore, InvalidTenant, IssuedKey
 from services.common.config import CommonSettings
 from services.common.keys import Keys
+from services.common.redis_client import connect_tool
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 console = Console(width=160)
@@ -28,7 +28,7 @@ def _run(work: Callable[[ApiKeyStore], Awaitable[T]]) -> T:
     settings = CommonSettings()
 
     async def go() -> T:
-        redis = Redis.from_url(settings.redis_url, decode_responses=True)
+        redis = connect_tool(settings.redis_url)
         try:
             return await work(ApiKeyStore(redis, Keys(settings.key_prefix)))
         finally:

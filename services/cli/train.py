@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from redis.asyncio import Redis
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from services.common.keys import Keys
+from services.common.redis_client import connect_tool
 from services.common.tracestore import (
     read_outcomes_jsonl,
     read_outcomes_redis,
@@ -48,7 +48,7 @@ def _load(
         return traces, read_outcomes_jsonl(out) if out.exists() else []
 
     async def from_redis() -> tuple[list[TraceRow], list[OutcomeRow]]:
-        client = Redis.from_url(str(redis_url), decode_responses=True)
+        client = connect_tool(str(redis_url))
         try:
             keys = Keys(prefix)
             return await read_traces_redis(client, keys), await read_outcomes_redis(client, keys)

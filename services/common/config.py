@@ -10,6 +10,8 @@ from __future__ import annotations
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.common.redis_cluster import CLUSTER_SCHEMES
+
 
 class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CHIMERA_", extra="ignore", frozen=True)
@@ -17,7 +19,8 @@ class CommonSettings(BaseSettings):
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("CHIMERA_REDIS_URL", "redis_url"),
-        description="Redis holding the queues and the program table",
+        description="Redis holding the queues and the program table; redis+cluster://host:port[,host:port] "
+        "for a Redis Cluster",
     )
     key_prefix: str = Field(
         default="chimera",
@@ -49,6 +52,8 @@ class CommonSettings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _known_scheme(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("redis_url must start with redis://, rediss:// or unix://")
+        if v is not None and not v.startswith(("redis://", "rediss://", "unix://", *CLUSTER_SCHEMES)):
+            raise ValueError(
+                "redis_url must start with redis://, rediss://, unix://, redis+cluster:// or rediss+cluster://"
+            )
         return v

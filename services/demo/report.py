@@ -7,11 +7,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from redis.asyncio import Redis
 from rich.console import Console
 from rich.table import Table
 
 from services.common.keys import Keys, RequestField
+from services.common.redis_client import connect_tool
 from services.demo.client import WorkflowRun
 from services.launcher.stack import Stack
 
@@ -19,7 +19,7 @@ from services.launcher.stack import Stack
 async def print_queue_snapshot(console: Console, stack: Stack, until: asyncio.Task[object]) -> None:
     """Once some engine has a queue, print it as ``redis-cli ZRANGE <queue> 0 -1 WITHSCORES`` would."""
     keys = Keys(stack.key_prefix)
-    client = Redis.from_url(stack.redis_url, decode_responses=True)
+    client = connect_tool(stack.redis_url)
     try:
         while not until.done():
             for e in stack.pool.engines:

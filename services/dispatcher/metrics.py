@@ -42,6 +42,7 @@ from services.common.metrics import (
     confidence_bucket,
     start_exporter,
 )
+from services.common.redis_client import connect_sync
 from services.common.snapshot import parse_engine
 from services.common.types import EngineSnapshot
 from services.dispatcher.config import DispatcherSettings
@@ -392,7 +393,7 @@ class EngineCollector(Collector):
 @contextlib.contextmanager
 def metrics_endpoint(s: DispatcherSettings) -> Iterator[DispatcherMetrics]:
     """A process's registry with the engine gauges, served on ``host:metrics_port`` while the block runs."""
-    registry, scrape_redis = CollectorRegistry(), SyncRedis.from_url(s.redis_url, decode_responses=True)
+    registry, scrape_redis = CollectorRegistry(), connect_sync(s.redis_url)
     registry.register(EngineCollector(scrape_redis, Keys(s.key_prefix), s.engine_dead_after_s))
     registry.register(JobRunsCollector(scrape_redis, Keys(s.key_prefix)))
     exporter = start_exporter(registry, s.host, s.metrics_port)

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from services.common.keys import Keys
+from services.common.redis_client import connect_tool
 from services.common.tenant_ids import tenant_of
 from services.inspect.config import InspectSettings
 from services.inspect.explain import COST_LABELS, Explanation, RequestNotFound, explain
@@ -28,7 +29,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of tab
 
 def _run(settings: InspectSettings, work: Callable[[Redis, Keys], Awaitable[T]]) -> T:
     async def go() -> T:
-        redis = Redis.from_url(settings.redis_url, decode_responses=True)
+        redis = connect_tool(settings.redis_url)
         try:
             return await work(redis, Keys(settings.key_prefix))
         finally:

@@ -20,6 +20,7 @@ import redis
 from services.common.config import CommonSettings
 from services.common.health import grpc_unhealthy, heartbeat_unhealthy
 from services.common.keys import Keys
+from services.common.redis_client import connect_sync
 from services.common.tls import ClientTls, client_tls
 
 log = logging.getLogger("healthcheck")
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         if not a.engine:
             p.error("no engine id: pass one or set CHIMERA_WORKER_ENGINE_ID")
         common = CommonSettings()
-        with redis.Redis.from_url(common.redis_url, decode_responses=True) as r:
+        with connect_sync(common.redis_url) as r:
             return 0 if check_heartbeat(r, Keys(common.key_prefix), a.engine, a.max_age_s) else 1
     return 0 if check_celery(a.timeout_s) else 1
 

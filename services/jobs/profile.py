@@ -11,9 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from redis.asyncio import Redis
-
 from services.common.keys import Keys
+from services.common.redis_client import connect_tool
 from services.common.types import EngineProfile
 
 if TYPE_CHECKING:
@@ -53,7 +52,7 @@ async def profile_and_store(
     if redis_url is None:
         write_profile_json(json_dir, settings.engine_id, profile)
         return profile
-    redis = Redis.from_url(redis_url, decode_responses=True)
+    redis = connect_tool(redis_url)
     try:
         await store_profile(redis, keys, settings.engine_id, profile, json_dir)
     finally:

@@ -18,6 +18,7 @@ from celery import Celery
 
 from services.common.jobruns import recorded
 from services.common.keys import Keys
+from services.common.redis_client import connect_sync
 from services.jobs import retrain
 from services.jobs.config import JobsSettings
 from services.jobs.export import Busy, export_traces, lease
@@ -35,7 +36,7 @@ def register(app: Celery, settings: JobsSettings) -> None:
     keys = Keys(settings.key_prefix)
 
     def client() -> redis.Redis:
-        return redis.Redis.from_url(settings.redis_url, decode_responses=True)
+        return connect_sync(settings.redis_url)
 
     def export() -> dict[str, Any]:
         with client() as r:

@@ -20,10 +20,9 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import redis
-
 from services.common.health import heartbeat_unhealthy
 from services.common.keys import Keys
+from services.common.redis_client import connect_sync
 from services.common.redis_proc import PrivateRedisSpec
 from services.launcher.bootstrap import ensure_artifacts
 from services.launcher.config import LauncherSettings
@@ -112,7 +111,7 @@ def worker_probe(redis_url: str, keys: Keys, engine: str, started: float) -> Hea
     """A worker is healthy once it has registered and heartbeated since this launch began."""
 
     def probe() -> bool:
-        client = redis.Redis.from_url(redis_url)
+        client = connect_sync(redis_url, decode_responses=False)
         try:
             return heartbeat_unhealthy(client, keys, engine, max_age_s=time.time() - started) is None
         finally:

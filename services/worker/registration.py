@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 from redis.typing import EncodableT, FieldT
 
 from services.common.keys import EngineField, EngineHealth, Keys, ProfileField
+from services.common.redis_client import is_cluster
 from services.common.types import EngineProfile
 from services.worker.engine.base import Engine
 from services.worker.profiling import profile_engine, store_profile
@@ -70,9 +71,11 @@ async def register(redis: Redis, keys: Keys, reg: Registration) -> None:
         f.HEALTH: EngineHealth.OK,
         f.HEALTH_REASON: "",
     }
-    async with redis.pipeline(transaction=True) as pipe:
-        pipe.sadd(keys.engines(), reg.engine_id)
+    # On a cluster the two keys lie in different slots, which no transaction spans: the info hash goes
+    # first, so that an engine in the set always has its info (readers find engines through the set).
+    async with redis.pipeline(transaction=not is_cluster(redis)) as pipe:
         pipe.hset(keys.engine_info(reg.engine_id), mapping=mapping)
+        pipe.sadd(keys.engines(), reg.engine_id)
         await pipe.execute()
 
 
