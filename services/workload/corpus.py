@@ -226,7 +226,10 @@ def _parse_euler(zf: zipfile.ZipFile, _work: Path) -> list[Problem]:
     return out
 
 
-def _parse_gsm(zf: zipfile.ZipFile, work: Path) -> list[Problem]:
+def gsm_items(zf: zipfile.ZipFile, work: Path) -> list[dict[str, Any]]:
+    """reasoning-gym's GSM-symbolic items (template, k, question, answer, steps), drawn in a child
+    interpreter (``gsm_runner.py``) from the wheel's stdlib-only template modules copied under ``work``.
+    Seeded: the same wheel gives the same items, so the verifiers re-draw the answers of the corpus's ids."""
     src = work / "gsm_src"
     (src / "reasoning_gym").mkdir(parents=True, exist_ok=True)
     (src / "reasoning_gym" / "__init__.py").write_text("")
@@ -242,7 +245,11 @@ def _parse_gsm(zf: zipfile.ZipFile, work: Path) -> list[Problem]:
         timeout=300,
         check=True,
     )
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+
+
+def _parse_gsm(zf: zipfile.ZipFile, work: Path) -> list[Problem]:
+    rows = gsm_items(zf, work)
     # Grade-school word problems: [0.05, 0.35] by the number of steps of the template's worked answer.
     steps = [float(r["steps"]) for r in rows]
     return [
