@@ -25,7 +25,12 @@ def profile(
     engine_id: Annotated[str, typer.Option(help="engine id the profile is stored under")],
     model: Annotated[str, typer.Option(help="model name the engine reports")],
     kind: Annotated[str, typer.Option(help="vllm | remote | simulated")] = "vllm",
-    model_path: Annotated[str, typer.Option(help="vllm: folder or tiny|small|smollm2|gemma3-270m")] = "tiny",
+    model_path: Annotated[
+        str,
+        typer.Option(
+            help="vllm: folder or tiny|small|smollm2|gemma3-270m|qwen2.5-coder-0.5b|qwen2.5-coder-1.5b"
+        ),
+    ] = "tiny",
     remote_url: Annotated[str, typer.Option(help="remote: server base URL")] = "",
     max_num_seqs: Annotated[int, typer.Option(help="largest batch measured")] = 16,
     tokens: Annotated[int, typer.Option(help="max tokens per request while measuring")] = 64,

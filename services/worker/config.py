@@ -92,7 +92,8 @@ class WorkerSettings(CommonSettings):
     )
     model_path: str = Field(
         default="tiny",
-        description="vllm: model folder, or tiny | small | smollm2 | gemma3-270m (built locally)",
+        description="vllm: model folder, or tiny | small | smollm2 | gemma3-270m | qwen2.5-coder-0.5b | "
+        "qwen2.5-coder-1.5b (built or assembled and converted locally, once)",
     )
     max_model_len: int = Field(default=2048, ge=64, le=1_048_576, description="vllm: context length")
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(

