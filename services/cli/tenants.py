@@ -55,10 +55,14 @@ def set_(
         int | None, typer.Option(min=0, help="prompt + max_tokens charged over a sliding minute (0: none)")
     ] = None,
     weight: Annotated[int | None, typer.Option(min=1, max=1000, help="fair-share weight")] = None,
+    models: Annotated[
+        str | None, typer.Option(help="comma-separated models it may use (others: 403); unset: all")
+    ] = None,
 ) -> None:
     """Set some of TENANT's quotas; the others keep their value (or the default)."""
     try:
-        change = TenantLimits(max_workflows, tokens_per_minute, weight)
+        allowed = None if models is None else tuple(m.strip() for m in models.split(",") if m.strip())
+        change = TenantLimits(max_workflows, tokens_per_minute, weight, allowed)
         record = _run(lambda store: store.set(tenant, change))
     except (InvalidTenant, ValueError) as e:
         console.print(f"[red]{e}[/]")

@@ -26,6 +26,7 @@ class TenantLimits:
     max_workflows: int | None = None  # live workflows (programs) at once; 0: unlimited
     tokens_per_minute: int | None = None  # prompt + max_tokens charged per stage, over a sliding minute
     weight: int | None = None  # fair-share weight in the queue order (services.policy.fairness)
+    models: tuple[str, ...] | None = None  # the models it may use (routed to or pinned); None: every model
 
     def __post_init__(self) -> None:
         for name in ("max_workflows", "tokens_per_minute"):
@@ -41,6 +42,7 @@ class TenantLimits:
             self.max_workflows if self.max_workflows is not None else defaults.max_workflows,
             self.tokens_per_minute if self.tokens_per_minute is not None else defaults.tokens_per_minute,
             self.weight if self.weight is not None else defaults.weight,
+            self.models if self.models is not None else defaults.models,
         )
 
     def to_json(self) -> str:
@@ -49,7 +51,10 @@ class TenantLimits:
     @classmethod
     def from_json(cls, raw: str) -> TenantLimits:
         fields = json.loads(raw)
-        return cls(**{k: fields[k] for k in ("max_workflows", "tokens_per_minute", "weight") if k in fields})
+        if "models" in fields:
+            fields["models"] = tuple(fields["models"])
+        known = ("max_workflows", "tokens_per_minute", "weight", "models")
+        return cls(**{k: fields[k] for k in known if k in fields})
 
 
 @dataclass(frozen=True, slots=True)

@@ -175,6 +175,7 @@ class Dispatcher:
             with self._pending.scope() as claim:
                 program, engines = await self._state(t, own.program_id)
                 req = admit(own, program, self.settings, self._limits, self._clock())
+                engines = await self.quotas.permitted(req, engines)  # a tenant's allowed models only
                 async with self.quotas.charge(req, new=not program):  # given back if the dispatch is refused
                     return await self._dispatch(req, program, engines, t, started, claim)
 

@@ -87,8 +87,8 @@ class OpenAIFrontDoor:
         return (await self._d.auth.principal(request.headers.get("authorization"))).tenant
 
     async def models(self, request: Request) -> dict[str, Any]:
-        await self._tenant(request)
-        names = [AUTO_MODEL, *sorted({e.model for e in await self._d.engines() if e.model})]
+        engines = await self._d.quotas.visible(await self._tenant(request), await self._d.engines())
+        names = [AUTO_MODEL, *sorted({e.model for e in engines if e.model})]
         data = [{"id": n, "object": "model", "created": 0, "owned_by": "chimera"} for n in names]
         return {"object": "list", "data": data}
 

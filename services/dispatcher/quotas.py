@@ -34,10 +34,10 @@ from redis.typing import EncodableT
 from services.common.keys import EngineField, Keys
 from services.common.tenants import TenantLimits, TenantStore
 from services.common.tokens import approx_tokens
-from services.common.types import StageRequest
+from services.common.types import EngineSnapshot, StageRequest
 from services.dispatcher import quota_scripts as lua
 from services.dispatcher.config import DispatcherSettings
-from services.dispatcher.errors import Overloaded, guarded
+from services.dispatcher.errors import Overloaded, PermissionDenied, guarded
 from services.dispatcher.tenancy import tenant_of
 from services.policy.fairness import DEFAULT_WEIGHT, EngineShare, fairness_tokens
 
@@ -52,6 +52,7 @@ class Quota:
     max_workflows: int
     tokens_per_minute: int
     weight: int
+    models: frozenset[str] | None = None  # None: every model
 
     @property
     def unlimited(self) -> bool:
@@ -113,7 +114,9 @@ class Quotas:
         if hit is None or hit[0] <= now:
             record = await guarded(self._store.get(tenant)) or TenantLimits()
             lim = record.over(self._defaults)
-            q = Quota(lim.max_workflows or 0, lim.tokens_per_minute or 0, lim.weight or DEFAULT_WEIGHT)
+            models = None if lim.models is None else frozenset(lim.models)
+            weight = lim.weight or DEFAULT_WEIGHT
+            q = Quota(lim.max_workflows or 0, lim.tokens_per_minute or 0, weight, models)
             # Tenant "" (the dispatcher runs open) has no limits unless an operator set some for it.
             if not tenant and record == TenantLimits():
                 q = Quota(0, 0, DEFAULT_WEIGHT)
@@ -122,6 +125,25 @@ class Quotas:
             hit = (now + self._cache_s, q)
             self._cache[tenant] = hit
         return hit[1]
+
+    async def permitted(self, req: StageRequest, engines: list[EngineSnapshot]) -> list[EngineSnapshot]:
+        """The engines ``req``'s tenant may use: those of its allowed models (all without a list). A model
+        pinned outside the list is ``PermissionDenied``; the router then chooses among the allowed ones."""
+        tenant = tenant_of(req.request_id)
+        allowed = (await self.quota(tenant)).models
+        if allowed is None:
+            return engines
+        if req.model_pin is not None and req.model_pin not in allowed:
+            name = tenant or '""'
+            raise PermissionDenied(
+                f"tenant {name} may not use model {req.model_pin!r}; it may use {sorted(allowed)}"
+            )
+        return [e for e in engines if e.model in allowed]
+
+    async def visible(self, tenant: str, engines: list[EngineSnapshot]) -> list[EngineSnapshot]:
+        """The engines a tenant's model listing shows: those of its allowed models."""
+        allowed = (await self.quota(tenant)).models
+        return engines if allowed is None else [e for e in engines if e.model in allowed]
 
     @contextlib.asynccontextmanager
     async def charge(self, req: StageRequest, new: bool) -> AsyncIterator[None]:

@@ -180,10 +180,10 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):  # type: ignor
     async def ListModels(  # noqa: N802
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListModelsResponse:
-        await self._tenant(context)
+        tenant = await self._tenant(context)
         decoded(request)
         by_model: dict[str, list[pb.EngineStatus]] = defaultdict(list)
-        for snap in await self._d.engines():
+        for snap in await self._d.quotas.visible(tenant, await self._d.engines()):
             by_model[snap.model].append(
                 pb.EngineStatus(
                     engine_id=snap.engine_id,
