@@ -14,12 +14,12 @@ from dataclasses import asdict
 from typing import Annotated, TypeVar
 
 import typer
-from redis.asyncio import Redis
 from rich.console import Console
 from rich.table import Table
 
 from services.common.apikeys import InvalidTenant
 from services.common.keys import Keys
+from services.common.redis_client import connect_tool
 from services.common.tenants import TenantLimits, TenantStore, Usage
 from services.dispatcher.config import DispatcherSettings
 
@@ -32,7 +32,7 @@ def _run(work: Callable[[TenantStore], Awaitable[T]]) -> T:
     settings = DispatcherSettings()
 
     async def go() -> T:
-        redis = Redis.from_url(settings.redis_url, decode_responses=True)
+        redis = connect_tool(settings.redis_url)
         try:
             return await work(TenantStore(redis, Keys(settings.key_prefix)))
         finally:
