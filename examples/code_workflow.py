@@ -4,39 +4,40 @@ Run ``chimera up`` in one terminal, then::
 
     .venv/bin/python examples/code_workflow.py --addr 127.0.0.1:50051
 
-All four stages carry one program id, so the dispatcher keeps them on one model (the context lives there);
-the outcome (does the code parse?) goes back with EndProgram as a training label for the router.
+All four stages carry one program id, so the dispatcher keeps them on one model (the context lives there).
+The final code is verified by running tests against it in Chimera's sandbox (``services.verify``: a
+temporary folder, time, CPU and memory limits, no network), and that score goes back with EndProgram as a
+training label for the router.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import asyncio
-import re
 import sys
 
 from services.sdk import AsyncClient, Completion, Sampling
+from services.verify.checks import HumanEvalCheck
+from services.verify.verifier import verify
 
 TASK = "Write a Python function `is_palindrome(s: str) -> bool` that ignores case and non-letters."
-_FENCE = re.compile(r"```(?:python)?\n(.*?)```", re.DOTALL)
-
-
-def extract_code(text: str) -> str:
-    blocks = _FENCE.findall(text)
-    return blocks[0] if blocks else text
-
-
-def parses(code: str) -> bool:
-    try:
-        ast.parse(code)
-    except SyntaxError:
-        return False
-    return True
+# The task as a HumanEval-style check: the signature the answer must define and the tests it must pass.
+CHECK = HumanEvalCheck(
+    prompt="def is_palindrome(s: str) -> bool:\n    ...\n",
+    test=(
+        "def check(candidate):\n"
+        "    assert candidate('A man, a plan, a canal: Panama')\n"
+        "    assert candidate('No lemon, no melon')\n"
+        "    assert candidate('')\n"
+        "    assert not candidate('Chimera')\n"
+        "    assert not candidate('ab1a2b')\n"
+    ),
+    entry_point="is_palindrome",
+)
 
 
 async def run(addr: str, model: str = "auto", max_tokens: int = 256) -> float:
-    """Run one workflow; returns its outcome (1.0 if the final code parses)."""
+    """Run one workflow; returns its outcome (1.0 if the final code passes the tests)."""
     sampling = Sampling(max_tokens=max_tokens, temperature=0.0)
     async with AsyncClient(addr) as client, client.workflow("code/planner-coder-qa-coder", model=model) as wf:
         plan = await wf.run_stage(
@@ -76,11 +77,13 @@ async def run(addr: str, model: str = "auto", max_tokens: int = 256) -> float:
             ],
             sampling=sampling,
         )
-        outcome = 1.0 if parses(extract_code(fixed.text)) else 0.0
+        # The sandbox runs a child interpreter: off the event loop.
+        verdict = await asyncio.to_thread(verify, CHECK, fixed.text)
+        outcome = verdict.score
         wf.set_outcome(outcome)
         sys.stdout.write(
             f"[{wf.program_id}] {len(wf.completions)} stages on {fixed.model}/{fixed.engine}, "
-            f"last queue wait {fixed.queue_wait_s:.3f}s; outcome {outcome}\n"
+            f"last queue wait {fixed.queue_wait_s:.3f}s; verified: {verdict.detail}; outcome {outcome}\n"
         )
     return outcome
 

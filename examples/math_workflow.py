@@ -4,25 +4,27 @@ Run ``chimera up`` in one terminal, then::
 
     .venv/bin/python examples/math_workflow.py --addr 127.0.0.1:50051
 
-The solver sees the planner's plan; the outcome (is the final number right?) goes back with EndProgram.
+The solver sees the planner's plan; its final number is matched against the answer by Chimera's numeric
+verifier (``services.verify.numeric``) and the score goes back with EndProgram as a training label.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
+from fractions import Fraction
 
 from services.sdk import Client, Sampling
+from services.verify.checks import NumericCheck
+from services.verify.numeric import Reference, final_answer
+from services.verify.verifier import verify
 
-PROBLEM = "A train travels 17 km every hour for 23 hours. How many km does it travel? End with the number."
+PROBLEM = (
+    "A train travels 17 km every hour for 23 hours. How many km does it travel? "
+    "End with the final answer on its own line as 'Answer: <number>'."
+)
 ANSWER = 17 * 23
-_NUMBER = re.compile(r"-?\d+")
-
-
-def last_number(text: str) -> int | None:
-    found = _NUMBER.findall(text.replace(",", ""))
-    return int(found[-1]) if found else None
+CHECK = NumericCheck(Reference(value=Fraction(ANSWER), decimals=None, text=str(ANSWER)))
 
 
 def run(addr: str, model: str = "auto", max_tokens: int = 256) -> float:
@@ -34,15 +36,15 @@ def run(addr: str, model: str = "auto", max_tokens: int = 256) -> float:
         )
         solution = wf.run_stage(
             [
-                ("system", "Follow the plan; end with the final number."),
+                ("system", "Follow the plan; end with 'Answer: <number>' on its own line."),
                 ("user", PROBLEM),
                 ("assistant", plan.text),
                 ("user", "Solve it."),
             ],
             sampling=sampling,
         )
-        answer = last_number(solution.text)
-        outcome = 1.0 if answer == ANSWER else 0.0
+        outcome = verify(CHECK, solution.text).score
+        answer = final_answer(solution.text)
         wf.set_outcome(outcome)
         sys.stdout.write(
             f"[{wf.program_id}] {len(wf.completions)} stages on {solution.model}/{solution.engine}; "

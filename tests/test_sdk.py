@@ -137,8 +137,8 @@ async def test_sync_client_and_examples_run_against_the_dispatcher(sdk: Sdk) -> 
     assert names == ["m-big", "m-small"]
     assert math_outcome == 0.0  # the fake worker answers "Hello": no number, a wrong answer
     code_outcome = await _load("code_workflow").run(sdk.addr, max_tokens=32)
-    assert code_outcome == 1.0  # "Hello" parses as Python
-    assert sorted((await _outcomes(sdk)).values()) == [0.0, 1.0]
+    assert code_outcome == 0.0  # "Hello" defines no is_palindrome: the sandboxed tests fail
+    assert sorted((await _outcomes(sdk)).values()) == [0.0, 0.0]
     assert [k async for k in sdk.redis.scan_iter(match=sdk.keys.program_pattern())] == []
 
 

@@ -24,6 +24,7 @@ SETTINGS: tuple[tuple[str, str, str], ...] = (
     ("jobs", "services.jobs.config", "JobsSettings"),
     ("launcher", "services.launcher.config", "LauncherSettings"),
     ("workload", "services.workload.config", "WorkloadSettings"),
+    ("verify", "services.verify.config", "VerifySettings"),
 )
 
 

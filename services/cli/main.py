@@ -72,19 +72,24 @@ def demo(
     door, print what happened to each, and stop."""
     from services.demo.client import run_demo
     from services.demo.report import print_queue_snapshot, print_report
+    from services.verify.answers import load_answer_key
     from services.workload.corpus import load_corpus
 
     setup_logging("demo", "WARNING")
     logging.getLogger("services.launcher").setLevel(logging.INFO)
     corpus = load_corpus()
     console.print(f"corpus: {len(corpus.problems)} problems from {corpus.origin} {corpus.counts()}")
+    key = load_answer_key()
+    console.print(f"answer key: checks for {key.counts()} (verified scores go back with EndProgram)")
     settings = _settings(pool, dispatcher_port=0, http_port=0, router_port=0, predictor_port=0)
     with running_stack(settings) as stack:
         console.print(f"stack up: engines {[f'{e.id} ({e.model})' for e in stack.pool.engines]}")
 
         async def go() -> list:  # type: ignore[type-arg]
             task = asyncio.create_task(
-                run_demo(stack.dispatcher_addr, corpus.problems, workflows, concurrency, max_tokens, seed)
+                run_demo(
+                    stack.dispatcher_addr, corpus.problems, workflows, concurrency, max_tokens, seed, key
+                )
             )
             await print_queue_snapshot(console, stack, task)
             return await task

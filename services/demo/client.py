@@ -1,13 +1,18 @@
 """Drive concurrent multi-stage workflows through the Dispatcher front door, as an agent framework would.
 
 Each workflow runs its stages in order, feeding every stage's answer into the next stage's messages
-(``services.workload.workflows.stage_messages``), then calls EndProgram.
+(``services.workload.workflows.stage_messages``), then verifies the last stage's answer when the answer key
+has a check for its problem (HumanEval tests and LeetCode cases in the sandbox, numeric answers matched;
+``services.verify``) and calls EndProgram with that score as the workflow's outcome: a real training label
+for the router's retraining.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
+import subprocess
 import time
 import uuid
 from collections.abc import Sequence
@@ -19,8 +24,13 @@ from chimera.dispatcher.v1 import dispatcher_pb2 as pb
 from chimera.dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
 from services.sdk.errors import ChimeraError, from_rpc_error
 from services.sdk.retry import RetryPolicy
+from services.verify.answers import AnswerKey
+from services.verify.checks import Verdict
+from services.verify.verifier import verify_problem
 from services.workload.corpus import Problem
 from services.workload.workflows import WORKFLOWS, Workflow, stage_messages
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +53,9 @@ class WorkflowRun:
     workflow: Workflow
     problem: Problem
     stages: list[StageOutcome] = field(default_factory=list)
-    e2e_s: float = 0.0
+    e2e_s: float = 0.0  # the stages only, not the verification after them
     error: str | None = None
+    verdict: Verdict | None = None  # None: not completed, or no check for this problem
 
     @property
     def completed(self) -> bool:
@@ -97,7 +108,19 @@ async def run_stage(
     )
 
 
-async def run_workflow(stub: pb_grpc.DispatcherStub, run: WorkflowRun, max_tokens: int) -> WorkflowRun:
+async def _verify(run: WorkflowRun, key: AnswerKey) -> Verdict | None:
+    """The last stage's answer checked in a thread (code checks start a sandboxed interpreter)."""
+    try:
+        return await asyncio.to_thread(verify_problem, key, run.problem.id, run.stages[-1].text)
+    except (OSError, subprocess.SubprocessError) as exc:
+        # A verifier that cannot run leaves the workflow unlabelled rather than labelled wrong.
+        log.warning("verifying %s failed: %s", run.problem.id, exc)
+        return None
+
+
+async def run_workflow(
+    stub: pb_grpc.DispatcherStub, run: WorkflowRun, max_tokens: int, key: AnswerKey | None = None
+) -> WorkflowRun:
     t0 = time.monotonic()
     history: list[str] = []
     try:
@@ -105,13 +128,20 @@ async def run_workflow(stub: pb_grpc.DispatcherStub, run: WorkflowRun, max_token
             out = await run_stage(stub, run, stage, history, max_tokens)
             run.stages.append(out)
             history.append(out.text)
+        run.e2e_s = time.monotonic() - t0
+        if key is not None and run.completed:
+            run.verdict = await _verify(run, key)
     except ChimeraError as exc:
         run.error = str(exc)
     except RuntimeError as exc:
         run.error = str(exc)
     finally:
-        await stub.EndProgram(pb.EndProgramRequest(program_id=run.program_id))
-    run.e2e_s = time.monotonic() - t0
+        end = pb.EndProgramRequest(program_id=run.program_id)
+        if run.verdict is not None:
+            end.outcome = run.verdict.score  # the verified score: the router's training label
+        await stub.EndProgram(end)
+    if not run.e2e_s:
+        run.e2e_s = time.monotonic() - t0
     return run
 
 
@@ -127,8 +157,16 @@ def plan_runs(problems: Sequence[Problem], n: int, seed: int) -> list[WorkflowRu
 
 
 async def run_demo(
-    dispatcher_addr: str, problems: Sequence[Problem], n: int, concurrency: int, max_tokens: int, seed: int
+    dispatcher_addr: str,
+    problems: Sequence[Problem],
+    n: int,
+    concurrency: int,
+    max_tokens: int,
+    seed: int,
+    key: AnswerKey | None = None,
 ) -> list[WorkflowRun]:
+    """Run ``n`` workflows, ``concurrency`` at a time; with ``key``, each completed one is verified and its
+    score sent with EndProgram."""
     runs = plan_runs(problems, n, seed)
     sem = asyncio.Semaphore(concurrency)
     async with grpc.aio.insecure_channel(dispatcher_addr) as channel:
@@ -136,6 +174,6 @@ async def run_demo(
 
         async def one(run: WorkflowRun) -> WorkflowRun:
             async with sem:
-                return await run_workflow(stub, run, max_tokens)
+                return await run_workflow(stub, run, max_tokens, key)
 
         return list(await asyncio.gather(*(one(r) for r in runs)))

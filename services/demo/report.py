@@ -1,4 +1,4 @@
-"""What the demo prints: a queue snapshot taken mid-run and a per-workflow table."""
+"""What the demo prints: a queue snapshot taken mid-run and a per-workflow table with each verified score."""
 
 from __future__ import annotations
 
@@ -41,6 +41,26 @@ async def print_queue_snapshot(console: Console, stack: Stack, until: asyncio.Ta
         await client.aclose()
 
 
+def _score(run: WorkflowRun) -> str:
+    """The verified score, and why it is 0; "-" when the problem has no check (or the run failed)."""
+    v = run.verdict
+    if v is None:
+        return "-"
+    return f"{v.score:.0f}" if v.passed else f"{v.score:.0f} ({v.detail[:40]})"
+
+
+def score_summary(runs: Sequence[WorkflowRun]) -> str:
+    """One line: the mean verified score per domain over the workflows that have one."""
+    parts = []
+    for domain in ("code", "math"):
+        scored = [r.verdict.score for r in runs if r.verdict is not None and r.workflow.domain == domain]
+        if scored:
+            parts.append(f"{domain} {sum(scored) / len(scored):.2f} ({int(sum(scored))}/{len(scored)})")
+    if not parts:
+        return "verified score: no workflow had a verifiable problem"
+    return "verified score (sent with EndProgram as the outcome): " + ", ".join(parts)
+
+
 def print_report(console: Console, runs: Sequence[WorkflowRun]) -> int:
     table = Table(title="workflows")
     for col in (
@@ -52,6 +72,7 @@ def print_report(console: Console, runs: Sequence[WorkflowRun]) -> int:
         "queue wait s",
         "tokens",
         "e2e s",
+        "score",
         "status",
     ):
         table.add_column(col)
@@ -67,6 +88,7 @@ def print_report(console: Console, runs: Sequence[WorkflowRun]) -> int:
             f"{sum(s.queue_wait_s for s in r.stages):.2f}",
             str(sum(s.completion_tokens for s in r.stages)),
             f"{r.e2e_s:.2f}",
+            _score(r),
             "ok" if r.completed else f"[red]{r.error}[/]",
         )
     console.print(table)
@@ -76,6 +98,7 @@ def print_report(console: Console, runs: Sequence[WorkflowRun]) -> int:
         console.print(
             f"[bold]{r.workflow.name}[/] final stage answered by {last.model} on {last.engine}: {text!r}"
         )
+    console.print(score_summary(runs))
     done = sum(r.completed for r in runs)
     console.print(f"workflows completed: {done}/{len(runs)}")
     return len(runs) - done
