@@ -34,6 +34,9 @@ from services.common.queue_records import (
 )
 from services.common.types import ClaimedRequest, Prediction, StageRequest, StageResult, TraceRow
 
+# Deltas per PUBLISH call (publish_deltas).
+_PUBLISH_ITEMS = 64
+
 
 def evalsha(pipe: Pipeline, script: AsyncScript, keys: Sequence[KeyT], args: Sequence[EncodableT]) -> None:
     """Queue ``script`` on ``pipe`` as a bare EVALSHA: see ``run_scripted``.
@@ -241,25 +244,20 @@ class QueueStore:
         text length with it), and notify, in one round trip. A stream lives ``queue_ttl_s`` past its last
         event. Each is written only while its attempt holds the running request, and once."""
         r, k = self.retention, self._k
+        # One script call per _PUBLISH_ITEMS deltas (queue_scripts.PUBLISH): a bounded call keeps any one
+        # script from holding Redis long when an engine runs hundreds of sequences.
+        chunks = [items[i : i + _PUBLISH_ITEMS] for i in range(0, len(items), _PUBLISH_ITEMS)]
 
         def build(pipe: Pipeline) -> None:
-            for rid, attempt, text, end in items:
-                evalsha(
-                    pipe,
-                    self._publish,
-                    [k.output(engine, rid), k.notify(engine), k.request(engine, rid)],
-                    [
-                        rid,
-                        event_json(t="delta", a=attempt, text=text),
-                        r.stream_maxlen,
-                        r.queue_ttl_s,
-                        r.notify_maxlen,
-                        attempt,
-                        end,
-                    ],
-                )
+            for chunk in chunks:
+                keys: list[KeyT] = [k.notify(engine)]
+                args: list[EncodableT] = [r.stream_maxlen, r.queue_ttl_s, r.notify_maxlen]
+                for rid, attempt, text, end in chunk:
+                    keys += (k.output(engine, rid), k.request(engine, rid))
+                    args += (rid, event_json(t="delta", a=attempt, text=text), attempt, end)
+                evalsha(pipe, self._publish, keys, args)
 
-        return [bool(x) for x in await run_scripted(self._r, [self._publish], build)]
+        return [bool(x) for res in await run_scripted(self._r, [self._publish], build) for x in res]
 
     async def complete(
         self,

@@ -160,8 +160,11 @@ class StreamHub:
     async def next(self, sub: Subscription, timeout_s: float) -> list[OutputEvent]:
         """The events delivered since the last call, waiting up to ``timeout_s`` for the first."""
         if not sub.pending and sub.error is None:
+            # asyncio.timeout, not wait_for: wait_for wraps the wait in a task of its own, and this runs
+            # once per relayed message (profiled: task creation was a visible share of the relay).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(sub.ready.wait(), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await sub.ready.wait()
         if sub.error is not None:
             raise sub.error
         events, sub.pending = sub.pending, []

@@ -5,6 +5,11 @@ final token counts are the server's own. ``priority`` is vLLM's extra request fi
 ``--scheduling-policy priority`` (vLLM rejects a non-zero priority otherwise), or set ``send_priority=False``.
 Abort closes the HTTP stream, which vLLM turns into an engine-side abort of that request.
 
+NOTE(remote cost): the server sends one chunk per token per request, so reading them is most of what a
+remote worker spends per token. The client is aiohttp (its HTTP parser is C) reading raw bytes and
+splitting lines itself: httpx spent about 72 CPU-microseconds per chunk in its pure-Python HTTP/1.1 stack
+against aiohttp's 35 (same SSE chunks, bench/results/cpu_profile.md).
+
 NOTE(remote failures): a connection-level error (connect, read, protocol) is usually transient: a restarting
 proxy, a dropped keep-alive connection. Before any text of the request has arrived it is retried, bounded,
 with exponential backoff; after text has arrived it is not (a second run would not continue the same text)
@@ -24,7 +29,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from services.common.types import EngineProfile, StageRequest
@@ -38,13 +43,14 @@ from services.worker.engine.base import (
 log = logging.getLogger(__name__)
 
 # Connection-level failures: transient, or the server is gone; neither says this request was bad.
-_TRANSIENT = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.RemoteProtocolError,
-    httpx.ReadError,
-    httpx.WriteError,
-)
+_TRANSIENT = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
+# What a request to the server may raise (a timeout is not an aiohttp error on every path).
+_HTTP_ERRORS = (aiohttp.ClientError, TimeoutError)
+
+
+def _transient(e: BaseException) -> bool:
+    # A stream silent for read_timeout_s is not a dropped connection: it fails the request, unretried.
+    return isinstance(e, _TRANSIENT) and not isinstance(e, aiohttp.SocketTimeoutError)
 
 
 class RemoteRequestError(RuntimeError):
@@ -117,31 +123,35 @@ class RemoteEngine:
         self.cfg = cfg
         self.model = cfg.model
         self.max_num_seqs = cfg.max_num_seqs
-        self._client: httpx.AsyncClient | None = None
+        self._base = cfg.base_url.rstrip("/")
+        self._client: aiohttp.ClientSession | None = None
         self._streams: dict[str, _Stream] = {}
         self._failing_since: float | None = None  # monotonic time of the first of consecutive failed probes
 
     async def start(self) -> None:
         """Connect and wait (bounded) for the server's /health, then learn the model name if not given."""
         headers = {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
-        self._client = httpx.AsyncClient(
-            base_url=self.cfg.base_url.rstrip("/"),
+        self._client = aiohttp.ClientSession(
             headers=headers,
-            timeout=httpx.Timeout(self.cfg.read_timeout_s, connect=self.cfg.connect_timeout_s),
-            limits=httpx.Limits(max_connections=self.max_num_seqs + 8),
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=self.cfg.connect_timeout_s, sock_read=self.cfg.read_timeout_s
+            ),
+            connector=aiohttp.TCPConnector(limit=self.max_num_seqs + 8),
         )
         deadline = time.monotonic() + self.cfg.start_timeout_s
         while True:
             try:
-                if (await self._client.get("/health")).status_code == 200:
-                    break
-            except httpx.TransportError:
+                async with self._client.get(f"{self._base}/health") as resp:
+                    if resp.status == 200:
+                        break
+            except _HTTP_ERRORS:
                 pass
             if time.monotonic() > deadline:
                 raise EngineDeadError(f"no healthy server at {self.cfg.base_url}")
             await asyncio.sleep(0.5)
         if not self.model:
-            models = (await self._client.get("/v1/models")).json()["data"]
+            async with self._client.get(f"{self._base}/v1/models") as resp:
+                models = (await resp.json())["data"]
             self.model = str(models[0]["id"])
         log.info("remote engine %s at %s ready", self.model, self.cfg.base_url)
 
@@ -149,7 +159,7 @@ class RemoteEngine:
         for key in list(self._streams):
             await self.abort(key)
         if self._client is not None:
-            await self._client.aclose()
+            await self._client.close()
             self._client = None
 
     async def _read(self, key: str, body: dict[str, Any], st: _Stream) -> None:
@@ -158,7 +168,7 @@ class RemoteEngine:
         cfg = self.cfg
 
         def retryable(e: BaseException) -> bool:
-            return isinstance(e, _TRANSIENT) and st.deltas == 0
+            return _transient(e) and st.deltas == 0
 
         try:
             async for attempt in AsyncRetrying(
@@ -177,39 +187,43 @@ class RemoteEngine:
                     await self._stream_once(key, body, st)
         except asyncio.CancelledError:
             raise
-        except _TRANSIENT as e:
-            where = "after its text began" if st.deltas else f"after {cfg.retry_attempts} tries"
-            st.queue.put_nowait(
-                RemoteUnavailableError(f"remote engine {cfg.base_url} failed {key} {where}: {e!r}")
-            )
         except Exception as e:  # handed to the consumer, which re-raises it in its own task
+            if _transient(e):
+                where = "after its text began" if st.deltas else f"after {cfg.retry_attempts} tries"
+                e = RemoteUnavailableError(f"remote engine {cfg.base_url} failed {key} {where}: {e!r}")
             st.queue.put_nowait(e)
 
     async def _stream_once(self, key: str, body: dict[str, Any], st: _Stream) -> None:
         assert self._client is not None
         text_reason: str | None = None
         usage: dict[str, Any] = {}
-        async with self._client.stream("POST", "/v1/chat/completions", json=body) as resp:
-            if resp.status_code != 200:
-                detail = (await resp.aread()).decode(errors="replace")[:500]
-                msg = f"HTTP {resp.status_code} for {key}: {detail}"
-                if 400 <= resp.status_code < 500:
+        async with self._client.post(f"{self._base}/v1/chat/completions", json=body) as resp:
+            if resp.status != 200:
+                detail = (await resp.read()).decode(errors="replace")[:500]
+                msg = f"HTTP {resp.status} for {key}: {detail}"
+                if 400 <= resp.status < 500:
                     raise RemoteRejectedError(msg)
                 raise RemoteRequestError(msg)
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data.strip() == "[DONE]":
+            rest, done = b"", False
+            async for data in resp.content.iter_any():
+                # Server-sent events, one "data: <json>" line each; a read may end inside a line.
+                *lines, rest = (rest + data).split(b"\n")
+                for line in lines:
+                    if not line.startswith(b"data: "):
+                        continue
+                    payload = line[6:].strip()
+                    if done := payload == b"[DONE]":
+                        break
+                    chunk = json.loads(payload)
+                    usage = chunk.get("usage") or usage
+                    for choice in chunk.get("choices") or ():
+                        delta = (choice.get("delta") or {}).get("content") or ""
+                        if delta:
+                            st.deltas += 1
+                            st.queue.put_nowait(EngineOutput(delta))
+                        text_reason = choice.get("finish_reason") or text_reason
+                if done:
                     break
-                chunk = json.loads(data)
-                usage = chunk.get("usage") or usage
-                for choice in chunk.get("choices") or ():
-                    delta = (choice.get("delta") or {}).get("content") or ""
-                    if delta:
-                        st.deltas += 1
-                        st.queue.put_nowait(EngineOutput(delta))
-                    text_reason = choice.get("finish_reason") or text_reason
         st.queue.put_nowait(
             EngineOutput(
                 "",
@@ -225,9 +239,10 @@ class RemoteEngine:
         if self._client is None:
             return "remote engine is not started"
         try:
-            resp = await self._client.get("/health", timeout=self.cfg.health_timeout_s)
-            ok, why = resp.status_code == 200, f"HTTP {resp.status_code}"
-        except httpx.HTTPError as e:
+            timeout = aiohttp.ClientTimeout(total=self.cfg.health_timeout_s)
+            async with self._client.get(f"{self._base}/health", timeout=timeout) as resp:
+                ok, why = resp.status == 200, f"HTTP {resp.status}"
+        except _HTTP_ERRORS as e:
             ok, why = False, repr(e)
         now = time.monotonic()
         if ok:
