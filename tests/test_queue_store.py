@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -143,3 +144,26 @@ async def test_a_pipeline_whose_redis_lost_its_scripts_runs_them_again(
     assert not duplicate and (status, engine) == ("new", "e0")
     await redis_client.script_flush()
     assert await q.publish_deltas("e0", [("r1", 1, "x", 1)]) == [False]  # not running: fenced, not an error
+
+
+async def test_one_flush_is_one_call_and_one_notify_entry_for_many_requests(
+    redis_client: Redis, keys: Keys
+) -> None:
+    """A worker's flush: each running attempt's delta lands in its own stream, a stale attempt's and a
+    retried one's are fenced, and the notify stream gets one entry listing the deltas written."""
+    q = QueueStore(redis_client, keys)
+    for rid in ("a", 'b"q', "c"):
+        await q.enqueue("e0", _req(rid), Prediction(10, 20), 10.0, time.time(), {})
+    claimed = {c.request.request_id: c for c in await q.claim("e0", "w1", 3, lease_s=5)}
+    await redis_client.delete(keys.notify("e0"))
+    items = [("a", 1, "x", 1), ('b"q', 1, "yz", 2), ("c", 2, "stale", 5)]
+    assert all(c.attempt == 1 for c in claimed.values())
+    assert await q.publish_deltas("e0", items) == [True, True, False]
+    assert await q.publish_deltas("e0", [("a", 1, "x", 1)]) == [False]  # a retried write: already in
+    assert [e.data["text"] for e in await _events(q, "a")] == ["x"]
+    assert await _events(q, "c") == []
+    (_, fields), *more = await redis_client.xrange(keys.notify("e0"))
+    assert not more
+    notes = json.loads(fields["m"])
+    assert [(rid, ev["text"]) for rid, _, ev in notes] == [("a", "x"), ('b"q', "yz")]
+    assert notes[1][1] == (await _events(q, 'b"q'))[0].stream_id

@@ -254,7 +254,8 @@ class QueueStore:
                 args: list[EncodableT] = [r.stream_maxlen, r.queue_ttl_s, r.notify_maxlen]
                 for rid, attempt, text, end in chunk:
                     keys += (k.output(engine, rid), k.request(engine, rid))
-                    args += (rid, event_json(t="delta", a=attempt, text=text), attempt, end)
+                    note_head = f"[{json.dumps(rid)},"
+                    args += (rid, event_json(t="delta", a=attempt, text=text), attempt, end, note_head)
                 evalsha(pipe, self._publish, keys, args)
 
         return [bool(x) for res in await run_scripted(self._r, [self._publish], build) for x in res]

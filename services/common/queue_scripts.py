@@ -63,34 +63,38 @@ end
 """
 
 # KEYS: notify, then (output, req) per delta
-# ARGV: stream_maxlen, ttl_s, notify_maxlen, then (id, event_json, attempt, end) per delta
-# Appends each delta event to its request's output stream (which expires ttl_s after its last event) and
-# notifies, only while ``attempt`` holds the running request: a worker whose lease was lost (its request
-# re-run elsewhere) cannot write into the stream the new attempt is filling, so no reader ever gets two
-# attempts' text. ``end`` is the attempt's text length once this delta is in; the request keeps the last
-# one written ('sent', reset by each CLAIM), so a write retried after its reply was lost is not appended
-# twice. Many deltas per call: a worker's flush of every running request was one EVALSHA each, and the
-# per-command cost (packing, parsing, Redis's dispatch) was most of the publisher's CPU (profiled). An
-# engine's keys share its hash tag, so one call is one slot in a cluster too.
+# ARGV: stream_maxlen, ttl_s, notify_maxlen, then (id, event_json, attempt, end, note_head) per delta
+# Appends each delta event to its request's output stream (which expires ttl_s after its last event), only
+# while ``attempt`` holds the running request: a worker whose lease was lost (its request re-run elsewhere)
+# cannot write into the stream the new attempt is filling, so no reader ever gets two attempts' text.
+# ``end`` is the attempt's text length once this delta is in; the request keeps the last one written
+# ('sent', reset by each CLAIM), so a write retried after its reply was lost is not appended twice.
+# Many deltas per call, and ONE notify entry for all of them (field 'm': a JSON list of [request id, stream
+# id, event], ``note_head`` being the JSON of '[<request id>,'): a worker's flush was one EVALSHA and one
+# notify entry per request, and packing, parsing and dispatching those per delta was most of the relay's
+# CPU in the worker and the dispatcher's hub (profiled, bench/results/cpu_profile.md). An engine's keys
+# share its hash tag, so one call is one slot in a cluster too.
 # Returns 1 per delta appended, 0 per delta fenced off, in order.
-PUBLISH = (
-    _EMIT
-    + """
-local out = {}
+PUBLISH = """
+local out, notes = {}, {}
 for i = 0, (#KEYS - 1) / 2 - 1 do
-  local req, a = KEYS[3 + 2 * i], 4 + 4 * i
+  local stream, req, a = KEYS[2 + 2 * i], KEYS[3 + 2 * i], 4 + 5 * i
   local f = redis.call('HMGET', req, 'attempt', 'state', 'sent')
   if f[1] == ARGV[a + 2] and f[2] == 'running' and tonumber(f[3] or '0') < tonumber(ARGV[a + 3]) then
     redis.call('HSET', req, 'sent', ARGV[a + 3])
-    emit(KEYS[2 + 2 * i], KEYS[1], ARGV[a], ARGV[a + 1], ARGV[2], ARGV[3], ARGV[1])
+    local sid = redis.call('XADD', stream, 'MAXLEN', '~', ARGV[1], '*', 'ev', ARGV[a + 1])
+    redis.call('EXPIRE', stream, ARGV[2])
+    notes[#notes + 1] = ARGV[a + 4] .. '"' .. sid .. '",' .. ARGV[a + 1] .. ']'
     out[i + 1] = 1
   else
     out[i + 1] = 0
   end
 end
+if #notes > 0 then
+  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'm', '[' .. table.concat(notes, ',') .. ']')
+end
 return out
 """
-)
 
 # KEYS: req
 # ARGV: now_s

@@ -5,7 +5,8 @@ NOTE(hub): an open stream must not cost a Redis connection: with one blocking XR
 event is also copied into its engine's notify stream (``Keys.notify``, by the same Lua script that appends
 the event). The hub's loop reads the notify streams of the engines it streams from with ONE blocking XREAD
 on its own connection and hands each copy to the subscriber of its request, if this process has one. A
-subscriber waits on an in-process event, nothing else.
+subscriber waits on an in-process event, nothing else. A worker's flush of deltas is one notify entry for
+all its requests (field 'm', ``queue_scripts.PUBLISH``); every other event is one entry of its own.
 
 The read covers every engine this process streamed from in the last minute, not only those with a
 subscription open right now: a read over only the engines of the moment can block for its whole timeout
@@ -270,5 +271,9 @@ class StreamHub:
             self._cursor[stream] = entries[-1][0]
             engine = names[stream]
             for _, fields in entries:
-                if (sub := self._subs.get((engine, fields["r"]))) is not None:
+                if "m" in fields:  # a worker's flush: many requests' deltas in one entry (PUBLISH)
+                    for rid, sid, event in json.loads(fields["m"]):
+                        if (sub := self._subs.get((engine, rid))) is not None:
+                            sub.offer([OutputEvent(sid, event)])
+                elif (sub := self._subs.get((engine, fields["r"]))) is not None:
                     sub.offer([OutputEvent(fields["i"], json.loads(fields["e"]))])
