@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from typing import Literal
@@ -17,6 +18,12 @@ from services.dispatcher.auth import is_loopback
 from services.policy.admission import DEFAULT_MAX_QUEUE_S, Bounds
 from services.policy.knobs import DEFAULT_KNOBS, DEFAULT_POLICY, Knobs
 from services.policy.registry import POLICIES
+
+
+@functools.cache
+def _host_pid() -> str:
+    # Read once: every decision record carries the replica's name, and it cannot change in a running process.
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class DispatcherSettings(CommonSettings):
@@ -251,7 +258,7 @@ class DispatcherSettings(CommonSettings):
         return v
 
     def replica_name(self) -> str:
-        return self.replica or f"{socket.gethostname()}:{os.getpid()}"
+        return self.replica or _host_pid()
 
     def door_hosts(self) -> tuple[str, str]:
         return self.host, self.http_host or self.host
