@@ -127,18 +127,16 @@ class Quotas:
         return hit[1]
 
     async def permitted(self, req: StageRequest, engines: list[EngineSnapshot]) -> list[EngineSnapshot]:
-        """The engines ``req``'s tenant may use: those of its allowed models (all without a list). A model
-        pinned outside the list is ``PermissionDenied``; the router then chooses among the allowed ones."""
+        """The engines ``req``'s tenant may use (``visible``); a model pinned outside its list is
+        ``PermissionDenied``, and the router then chooses among the allowed ones."""
         tenant = tenant_of(req.request_id)
         allowed = (await self.quota(tenant)).models
-        if allowed is None:
-            return engines
-        if req.model_pin is not None and req.model_pin not in allowed:
+        if allowed is not None and req.model_pin is not None and req.model_pin not in allowed:
             name = tenant or '""'
             raise PermissionDenied(
                 f"tenant {name} may not use model {req.model_pin!r}; it may use {sorted(allowed)}"
             )
-        return [e for e in engines if e.model in allowed]
+        return await self.visible(tenant, engines)
 
     async def visible(self, tenant: str, engines: list[EngineSnapshot]) -> list[EngineSnapshot]:
         """The engines a tenant's model listing shows: those of its allowed models."""
