@@ -217,7 +217,7 @@ def _pool(kind: str, served: str, cfg: OverheadConfig, env: dict[str, str]) -> A
     # with a measured profile. That happens before the warm-up, outside every measured phase.
     spec = EngineSpec(
         id="bench", model=served, kind=kind, max_num_seqs=cfg.concurrency, stand_in="qwen2.5-1.5b",
-        env={"max_model_len": str(cfg.max_model_len), **env},
+        env={"max_model_len": str(cfg.max_model_len), **dict(cfg.worker_env), **env},
     )  # fmt: skip
     return PoolSpec(engines=(spec,))
 
@@ -345,6 +345,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--vllm-worker", action="store_true", help="also measure an in-process vllm worker")
     ap.add_argument("--no-enforce-eager", action="store_true", help="GPU: let vLLM use CUDA graphs")
     ap.add_argument("--server-args", default="", help="more vLLM api_server flags, one string")
+    ap.add_argument(
+        "--worker", action="append", default=[], metavar="KEY=VALUE",
+        help="a worker setting for Chimera's side (repeatable), e.g. stream_tokens=8",
+    )  # fmt: skip
+    ap.add_argument("--name", default=d.name, help="result file stem in --out-dir")
     ap.add_argument("--report-only", type=Path, help="re-derive figures from this JSON's raw repeats")
     ap.add_argument("--out-dir", type=Path, default=d.out_dir)
     ap.add_argument("--state-dir", type=Path, default=d.state_dir)
@@ -355,7 +360,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         model=a.model, concurrency=a.concurrency, requests=a.requests, max_tokens=a.max_tokens,
         repeats=a.repeats, seed=a.seed, server_threads=a.server_threads, vllm_worker=a.vllm_worker,
         enforce_eager=not a.no_enforce_eager, server_args=tuple(shlex.split(a.server_args)),
-        out_dir=a.out_dir, state_dir=a.state_dir,
+        out_dir=a.out_dir, state_dir=a.state_dir, name=a.name,
+        worker_env=tuple((k, v) for k, _, v in (kv.partition("=") for kv in a.worker)),
     )  # fmt: skip
     r = rederive(a.report_only, cfg) if a.report_only else run_benchmark(cfg)
     log.info(

@@ -21,6 +21,8 @@ class OverheadConfig:
     vllm_worker: bool = False  # also run Chimera with an in-process vllm worker (a different layout)
     enforce_eager: bool = True  # CPU needs it; on a GPU, False measures with CUDA graphs
     server_args: tuple[str, ...] = ()  # more api_server flags, e.g. ("--gpu-memory-utilization", "0.3")
+    # Worker settings for Chimera's side, e.g. (("stream_tokens", "8"), ("publish_interval_s", "0.25")).
+    worker_env: tuple[tuple[str, str], ...] = ()
     out_dir: Path = RESULTS
     state_dir: Path = Path(".chimera/bench")  # git-ignored
     name: str = "overhead"  # result file stem

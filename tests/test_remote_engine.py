@@ -119,6 +119,25 @@ async def test_stream_with_server_usage_counts(engine: RemoteEngine) -> None:
     assert engine.running() == 0
 
 
+async def test_stream_tokens_asks_the_server_for_fewer_chunks_with_the_same_text(server: str) -> None:
+    """vLLM's stream_interval on a real server: the same greedy text in about a quarter of the outputs."""
+    outs: dict[int, list[EngineOutput]] = {}
+    for n in (1, 4):
+        eng = RemoteEngine(RemoteEngineConfig(base_url=server, max_num_seqs=MAX_SEQS, stream_tokens=n))
+        await eng.start()
+        try:
+            outs[n] = [o async for o in eng.generate(_req("st", 16, temperature=0.0), f"st{n}#1", 0)]
+        finally:
+            await eng.stop()
+    text = {n: "".join(o.text_delta for o in v) for n, v in outs.items()}
+    assert text[1] == text[4] and text[1]
+    tokens = outs[4][-1].completion_tokens
+    assert outs[1][-1].completion_tokens == tokens
+    chunks = {n: sum(1 for o in v if o.text_delta) for n, v in outs.items()}
+    # The first token alone, then one chunk per 4 tokens at most (the last may carry fewer).
+    assert chunks[4] <= 2 + tokens // 4 < chunks[1], (chunks, tokens)
+
+
 async def test_concurrent_streams(engine: RemoteEngine) -> None:
     finals = await asyncio.gather(
         *(_collect(engine.generate(_req(f"c{i}", 20), f"c{i}#1", priority=-i)) for i in range(MAX_SEQS + 2))

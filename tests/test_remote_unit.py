@@ -44,6 +44,9 @@ def test_chat_body_carries_priority_and_sampling() -> None:
         ["END"],
     )
     assert "priority" not in chat_body(req, "m", priority=1, send_priority=False)
+    # vLLM's stream_interval goes only where asked: another OpenAI server sees a plain body.
+    assert "stream_interval" not in body
+    assert chat_body(req, "m", 1, False, stream_tokens=8)["stream_interval"] == 8
 
 
 async def test_unreachable_server_is_a_dead_engine() -> None:

@@ -118,6 +118,24 @@ async def test_max_tokens_caps_output_with_length_reason() -> None:
     assert text.split() and all(w in "be brief solve task a 50 now".split() for w in text.split())
 
 
+async def test_stream_tokens_sends_the_first_token_alone_then_every_nth_and_loses_no_text() -> None:
+    plain = SimulatedEngine("m", _flat(0.5), time_scale=10.0, lengths=FixedLengths())
+    chunked = SimulatedEngine("m", _flat(0.5), time_scale=10.0, lengths=FixedLengths(), stream_tokens=4)
+    outs = []
+    for eng in (plain, chunked):
+        await eng.start()
+        try:
+            outs.append(await _collect(eng.generate(_req("a-11"), "a", 0)))
+        finally:
+            await eng.stop()
+    one, four = outs
+    # 11 tokens: the first alone, then tokens 2-4, 5-8, and the last three with the final event.
+    assert (len(one), len(four)) == (11, 4)
+    assert "".join(o.text_delta for o in one) == "".join(o.text_delta for o in four)
+    assert four[0].text_delta == one[0].text_delta
+    assert (four[-1].finished, four[-1].completion_tokens) == (True, 11)
+
+
 def test_profile_step_time_grows_with_batch() -> None:
     p = measured_style_profile()
     assert p.step_time_ms(1) == pytest.approx(33.0)

@@ -58,6 +58,13 @@ class WorkerSettings(CommonSettings):
         le=5.0,
         description="streamed text is flushed this often (a request's first text at once)",
     )
+    stream_tokens: int = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description="real engines send a request's text every this many tokens (its first token at once); "
+        "above 1 cuts the worker's per-token work (vLLM's stream_interval)",
+    )
     publish_chars: int = Field(
         default=65536, ge=1, description="flush sooner once this many characters wait, all requests together"
     )

@@ -17,7 +17,13 @@ def _simulated(s: WorkerSettings) -> Engine:
     profile = s.profile() or measured_style_profile(max_batch_size=s.max_num_seqs)
     lengths = LognormalLengths(median_tokens=s.sim_length_median, sigma=s.sim_length_sigma, seed=s.sim_seed)
     return SimulatedEngine(
-        s.model, profile, s.max_num_seqs, s.time_scale, lengths, fault_die_after_s=s.sim_fault_die_after_s
+        s.model,
+        profile,
+        s.max_num_seqs,
+        s.time_scale,
+        lengths,
+        fault_die_after_s=s.sim_fault_die_after_s,
+        stream_tokens=s.stream_tokens,
     )
 
 
@@ -36,6 +42,7 @@ def _vllm(s: WorkerSettings) -> Engine:
             kv_cache_gib=s.kv_cache_gib,
             enforce_eager=s.enforce_eager,
             gpu_memory_utilization=s.gpu_memory_utilization,
+            stream_tokens=s.stream_tokens,
         )
     )
 
@@ -51,6 +58,7 @@ def _remote(s: WorkerSettings) -> Engine:
             model=s.model,
             max_num_seqs=s.max_num_seqs,
             send_priority=s.remote_send_priority,
+            stream_tokens=s.stream_tokens,
         )
     )
 

@@ -73,6 +73,9 @@ class RemoteEngineConfig:
     max_num_seqs: int = 16  # the server's --max-num-seqs: what the worker admits at most
     api_key: str = ""
     send_priority: bool = True
+    # Ask the server for text every this many tokens (vLLM's stream_interval; the first token at once):
+    # one SSE chunk to parse per N tokens. Sent only above 1, so other OpenAI servers see a plain body.
+    stream_tokens: int = 1
     connect_timeout_s: float = 5.0
     # Longest silence between two streamed chunks before the request is treated as failed.
     read_timeout_s: float = 120.0
@@ -95,7 +98,9 @@ class _Stream:
     deltas: int = 0
 
 
-def chat_body(request: StageRequest, model: str, priority: int, send_priority: bool) -> dict[str, Any]:
+def chat_body(
+    request: StageRequest, model: str, priority: int, send_priority: bool, stream_tokens: int = 1
+) -> dict[str, Any]:
     """The JSON body of one streamed chat completion for ``request``."""
     s = request.sampling
     body: dict[str, Any] = {
@@ -113,6 +118,8 @@ def chat_body(request: StageRequest, model: str, priority: int, send_priority: b
         body["stop"] = list(s.stop)
     if send_priority:
         body["priority"] = priority
+    if stream_tokens > 1:
+        body["stream_interval"] = stream_tokens
     return body
 
 
@@ -261,7 +268,7 @@ class RemoteEngine:
             raise RuntimeError("RemoteEngine.start() was not called")
         st = _Stream()
         self._streams[key] = st
-        body = chat_body(request, self.model, priority, self.cfg.send_priority)
+        body = chat_body(request, self.model, priority, self.cfg.send_priority, self.cfg.stream_tokens)
         st.task = asyncio.create_task(self._read(key, body, st), name=f"remote-{key}")
         try:
             while True:

@@ -54,6 +54,7 @@ class _Seq:
     offset: int
     out: asyncio.Queue[EngineOutput | BaseException] = field(default_factory=asyncio.Queue)
     produced: int = 0
+    held: str = ""  # text produced but not yet sent (stream_tokens > 1)
 
 
 class SimulatedEngine:
@@ -69,6 +70,7 @@ class SimulatedEngine:
         time_scale: float = 1.0,
         lengths: LengthModel | None = None,
         fault_die_after_s: float | None = None,
+        stream_tokens: int = 1,
     ) -> None:
         """``fault_die_after_s`` is FAULT INJECTION for tests: the step loop dies that long after start, as a
         real engine process would (running requests fail with EngineDeadError; health() says why)."""
@@ -77,6 +79,7 @@ class SimulatedEngine:
         self.model = model
         self.max_num_seqs = max_num_seqs or profile.max_batch_size
         self.time_scale = time_scale
+        self.stream_tokens = max(1, stream_tokens)  # as vLLM's stream_interval: the first token at once
         self._profile = profile
         self._lengths: LengthModel = lengths or LognormalLengths()
         self._waiting: list[_Seq] = []
@@ -261,10 +264,14 @@ class SimulatedEngine:
             self._fail_all(EngineDeadError(f"simulated engine crashed: {exc!r}"))
 
     def _emit(self, seq: _Seq) -> None:
-        text = filler_token(seq.words, seq.offset, seq.produced)
+        text = seq.held + filler_token(seq.words, seq.offset, seq.produced)
         seq.produced += 1
         if seq.produced < seq.target:
-            seq.out.put_nowait(EngineOutput(text))
+            if seq.produced == 1 or seq.produced % self.stream_tokens == 0:
+                seq.held = ""
+                seq.out.put_nowait(EngineOutput(text))
+            else:
+                seq.held = text
             return
         self._remove(seq)
         seq.out.put_nowait(

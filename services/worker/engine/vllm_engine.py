@@ -44,6 +44,7 @@ class VllmEngineConfig:
     gpu_memory_utilization: float = 0.9
     tensor_parallel_size: int = 1
     seed: int = 0
+    stream_tokens: int = 1  # text every this many tokens (the first at once): fewer outputs to relay
 
     def served_name(self) -> str:
         return self.model or self.model_path.rstrip("/").rsplit("/", 1)[-1]
@@ -74,8 +75,9 @@ def engine_args(cfg: VllmEngineConfig) -> Any:
     )
 
 
-def vllm_sampling(sampling: SamplingParams, max_tokens: int) -> Any:
-    """Our sampling knobs as vLLM's, streaming deltas (each output carries only the new tokens)."""
+def vllm_sampling(sampling: SamplingParams, max_tokens: int, stream_tokens: int = 1) -> Any:
+    """Our sampling knobs as vLLM's, streaming deltas (each output carries only the new tokens, and only
+    every ``stream_tokens`` tokens: vLLM holds the rest back, the first token and the last excepted)."""
     from vllm.sampling_params import RequestOutputKind
     from vllm.sampling_params import SamplingParams as VSamplingParams
 
@@ -86,6 +88,7 @@ def vllm_sampling(sampling: SamplingParams, max_tokens: int) -> Any:
         seed=sampling.seed,
         stop=list(sampling.stop) or None,
         output_kind=RequestOutputKind.DELTA,
+        stream_interval=stream_tokens,
     )
 
 
@@ -145,7 +148,9 @@ class VllmEngine:
             raise PromptTooLongError(
                 f"prompt of {len(ids)} tokens leaves no room in {self.cfg.max_model_len}"
             )
-        params = vllm_sampling(request.sampling, min(request.sampling.max_tokens, room))
+        params = vllm_sampling(
+            request.sampling, min(request.sampling.max_tokens, room), self.cfg.stream_tokens
+        )
         self._active.add(key)
         completion = 0
         prompt_tokens = 0
