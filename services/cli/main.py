@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from services.cli import keys, tenants, train
+from services.cli.collect import collect
 from services.cli.profile import profile
 from services.common.logs import setup_logging
 from services.inspect.cli import app as inspect_app
@@ -25,6 +26,7 @@ app.add_typer(keys.app, name="keys")
 app.add_typer(tenants.app, name="tenants")
 app.add_typer(inspect_app)
 app.command()(profile)
+app.command()(collect)
 # Wide enough for the demo's tables when stdout is not a terminal (CI logs, pipes).
 console = Console(width=180)
 
@@ -52,7 +54,7 @@ def up(pool: PoolOpt = None) -> None:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     with running_stack(settings) as stack:
         console.print(
-            f"[bold green]chimera is up[/]: gRPC front door {stack.dispatcher_addr}, "
+            f"[bold green]chimera is up[/]: gRPC front door {', '.join(stack.dispatcher_addrs)}, "
             f"redis {stack.redis_url}, engines {[e.id for e in stack.pool.engines]}; logs in "
             f"{stack.state_dir / 'logs'}"
         )

@@ -26,6 +26,9 @@ class LauncherSettings(CommonSettings):
     host: str = Field("127.0.0.1", description="address every service binds")
     dispatcher_port: int = Field(50051, ge=0, le=65535, description="gRPC front door; 0 picks a free port")
     http_port: int = Field(8000, ge=0, le=65535, description="OpenAI-compatible HTTP; 0 picks a free port")
+    dispatchers: int = Field(
+        1, ge=1, le=16, description="dispatcher replicas on the one Redis; the 2nd and later on free ports"
+    )
     router_port: int = Field(50061, ge=0, le=65535, description="router gRPC port; 0 picks a free port")
     predictor_port: int = Field(50062, ge=0, le=65535, description="predictor gRPC port; 0 picks a free port")
     start_timeout_s: float = Field(

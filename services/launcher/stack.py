@@ -1,7 +1,8 @@
 """Bring the whole stack up as child processes and tear it down: the engine of ``chimera up``.
 
 Start order mirrors compose.yaml's health dependencies: Redis, then router and predictor (whose models are
-bootstrapped first if none exist), then the workers (they register their engines), then the dispatcher.
+bootstrapped first if none exist), then the workers (they register their engines), then the dispatcher
+(or several replicas of it on the one Redis: ``LauncherSettings.dispatchers``).
 A private Redis is a supervised child like the others (named ``redis``): after a crash it is restarted on
 the same socket and data folder, and its append-only file brings its data back.
 """
@@ -47,8 +48,12 @@ class Stack:
     # The live child processes, so that tests and tools can signal one (e.g. kill a worker, or the private
     # Redis: the child named "redis", absent when the stack uses a Redis it was given).
     supervisor: Supervisor
-    # Prometheus endpoints (host:port, path /metrics): router, predictor, dispatcher, worker-<engine id>.
+    # Prometheus endpoints (host:port, path /metrics): router, predictor, dispatcher, worker-<engine id>
+    # (and dispatcher-2... with several dispatchers).
     metrics: dict[str, str] = field(default_factory=dict)
+    # Every dispatcher replica's gRPC door, ``dispatcher_addr`` first (``LauncherSettings.dispatchers``);
+    # an SDK client given all of them uses them in turn and skips one that is down.
+    dispatcher_addrs: tuple[str, ...] = ()
 
 
 def _ephemeral_low() -> int:
@@ -195,9 +200,14 @@ def running_stack(
             "dispatcher": picker.take(settings.dispatcher_port),
             "http": picker.take(settings.http_port),
         }
+        # Replicas after the first (stateless, on the same Redis; one of them holds the reaper lease): named
+        # dispatcher-2, dispatcher-3..., each on free gRPC and HTTP ports.
+        fronts = ["dispatcher", *(f"dispatcher-{i}" for i in range(2, settings.dispatchers + 1))]
+        ports |= {name: picker.take() for name in fronts[1:]}
+        http_ports = {"dispatcher": ports["http"], **{name: picker.take() for name in fronts[1:]}}
         addr = {k: f"{host}:{v}" for k, v in ports.items()}
         # Always free ports: several workers share this host, so no fixed default could serve them all.
-        names = ["router", "predictor", "dispatcher", *(f"worker-{e.id}" for e in pool.engines)]
+        names = ["router", "predictor", *fronts, *(f"worker-{e.id}" for e in pool.engines)]
         metrics = {name: f"{host}:{picker.take()}" for name in names}
 
         def metrics_port(name: str) -> str:
@@ -249,21 +259,24 @@ def running_stack(
             for e in pool.engines
         ]
         sup.start_and_wait(workers, settings.start_timeout_s)
-        front = child(
-            "dispatcher",
-            "services.dispatcher",
-            {
-                "CHIMERA_DISPATCHER_HOST": host,
-                "CHIMERA_DISPATCHER_PORT": str(ports["dispatcher"]),
-                "CHIMERA_DISPATCHER_HTTP_PORT": str(ports["http"]),
-                "CHIMERA_DISPATCHER_METRICS_PORT": metrics_port("dispatcher"),
-                "CHIMERA_DISPATCHER_ROUTER_ADDR": addr["router"],
-                "CHIMERA_DISPATCHER_PREDICTOR_ADDR": addr["predictor"],
-                **extra,
-            },
-            grpc_probe(addr["dispatcher"]),
-        )
-        sup.start_and_wait([front], settings.start_timeout_s)
+        front = [
+            child(
+                name,
+                "services.dispatcher",
+                {
+                    "CHIMERA_DISPATCHER_HOST": host,
+                    "CHIMERA_DISPATCHER_PORT": str(ports[name]),
+                    "CHIMERA_DISPATCHER_HTTP_PORT": str(http_ports[name]),
+                    "CHIMERA_DISPATCHER_METRICS_PORT": metrics_port(name),
+                    "CHIMERA_DISPATCHER_ROUTER_ADDR": addr["router"],
+                    "CHIMERA_DISPATCHER_PREDICTOR_ADDR": addr["predictor"],
+                    **extra,
+                },
+                grpc_probe(addr[name]),
+            )
+            for name in fronts
+        ]
+        sup.start_and_wait(front, settings.start_timeout_s)
 
         def watch() -> None:
             while not stop_watch.wait(0.5):
@@ -286,6 +299,7 @@ def running_stack(
             state,
             sup,
             metrics,
+            tuple(addr[name] for name in fronts),
         )
     finally:
         stop_watch.set()
