@@ -31,7 +31,7 @@ from types import FrameType
 from typing import Any
 
 from bench.faults_drive import DriveConfig, plan
-from bench.faults_inject import FAULTS, FaultEnv
+from bench.faults_inject import DISPATCHERS, FAULTS, FaultEnv
 from bench.faults_report import write
 from bench.faults_soak import SoakConfig, run_soak
 from bench.faults_stack import RunConfig, StackConfig, fault_stack, run_one_fault
@@ -77,7 +77,8 @@ def run_kinds(kinds: list[str], cfg: RunConfig, state: Path) -> dict[str, dict[s
         # The same workflows for every kind, so that rows differ by the fault alone.
         plans = plan(problems, cfg.workflows, random.Random(cfg.seed))
         log.info("%s: starting a stack", kind)
-        with fault_stack(state / kind, cfg.stack, arm_crash=kind == "engine_crash") as (stack, env):
+        arm, fronts = kind == "engine_crash", DISPATCHERS.get(kind, 1)
+        with fault_stack(state / kind, cfg.stack, arm_crash=arm, dispatchers=fronts) as (stack, env):
             ENVS[:] = [env]
             row = asyncio.run(run_one_fault(stack, env, kind, plans, cfg))
         row["commit"] = _commit()
@@ -131,8 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         if args.soak:
-            # An engine crash is armed at start, not struck on demand: the soak cannot place it.
-            kinds = tuple(k for k in args.kinds if k != "engine_crash")
+            # An engine crash is armed at start, not struck on demand, and the soak's stack runs one
+            # dispatcher: SoakConfig's kinds leave out what it cannot strike.
+            kinds = tuple(k for k in args.kinds if k in SOAK.kinds)
             soak = SoakConfig(minutes=args.minutes, concurrency=args.concurrency, kinds=kinds)
             result = run_soak_once(soak, cfg, state)
             write(args.out, "soak", {**result, "meta": _meta(cfg, started)})

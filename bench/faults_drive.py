@@ -57,7 +57,7 @@ def plan(
     return out
 
 
-def workflow_client(addr: str, cfg: DriveConfig) -> AsyncClient:
+def workflow_client(addr: str | Sequence[str], cfg: DriveConfig) -> AsyncClient:
     """The client the workflows share: the SDK's defaults but for the retry budget."""
     return AsyncClient(addr, retry=RetryPolicy(budget_s=cfg.retry_budget_s))
 
@@ -155,7 +155,7 @@ async def run_workflow(
     )
 
 
-async def probe(addr: str, cfg: DriveConfig) -> float | None:
+async def probe(addr: str | Sequence[str], cfg: DriveConfig) -> float | None:
     """One new one-stage workflow, one try, on a fresh channel (a channel that saw the door die may sit in
     gRPC's reconnect backoff, which would measure the client, not the server). When it was answered."""
     pid = f"probe-{uuid.uuid4().hex[:12]}"
@@ -178,7 +178,11 @@ async def probe(addr: str, cfg: DriveConfig) -> float | None:
 
 
 async def time_to_serve(
-    addr: str, cfg: DriveConfig, fired_at: Callable[[], float | None], limit_s: float, every_s: float = 0.5
+    addr: str | Sequence[str],
+    cfg: DriveConfig,
+    fired_at: Callable[[], float | None],
+    limit_s: float,
+    every_s: float = 0.5,
 ) -> float | None:
     """Seconds from the fault until a probe started after it is answered; None if none is within
     ``limit_s``. Probes start every ``every_s`` and overlap, so one stuck probe does not hide recovery;

@@ -200,6 +200,46 @@ def dispatcher_kill(env: FaultEnv) -> Injection:
     return _kill_child(env, "dispatcher", "dispatcher_kill")
 
 
+def dispatcher_kill_replica(env: FaultEnv, lease_wait_s: float = 30.0) -> Injection:
+    """Two dispatchers on one Redis, the clients given both addresses: SIGKILL the one that holds the
+    reaper lease. The other serves the workflows meanwhile (the SDK's retries re-attach through it) and
+    takes over the reaping once the dead one's lease runs out (3 rounds of the reaper)."""
+    kind = "dispatcher_kill_replica"
+    fronts = [c for c in env.stack.supervisor.children if c.name.startswith("dispatcher")]
+    if len(fronts) < 2:
+        env.fire()
+        return Injection(kind, False, "dispatcher", note="not injectable: the stack runs one dispatcher")
+
+    def lease_holder() -> str | None:
+        r = env.redis()
+        try:
+            value = r.get(env.keys.reaper_lease())
+            return None if value is None else str(value)
+        finally:
+            r.close()
+
+    def child_of(replica: str | None) -> str | None:
+        """The child whose replica name (host:pid) that is."""
+        pid = (replica or "").rpartition(":")[2]
+        return next((c.name for c in fronts if c.proc is not None and str(c.proc.pid) == pid), None)
+
+    holder = lease_holder()
+    target = child_of(holder)  # before the kill: its restart has another pid
+    inj = _kill_child(env, target or fronts[0].name, kind)
+    if holder is None:
+        lease = "no replica held the reaper lease"
+    elif target is None:
+        lease = f"the reaper lease was held by {holder}, not by a dispatcher of the stack"
+    elif _wait(env, lambda: lease_holder() not in (None, holder), lease_wait_s, 0.2):
+        now = lease_holder()
+        lease = (
+            f"it held the reaper lease; {child_of(now) or now} took it over {env.since()} s after the kill"
+        )
+    else:
+        lease = f"it held the reaper lease; nobody took it over within {lease_wait_s:g} s"
+    return replace(inj, note=f"{inj.note}; {len(fronts)} dispatchers; {lease}")
+
+
 def _redis_proc(env: FaultEnv) -> psutil.Process:
     r = env.redis()
     try:
@@ -264,4 +304,8 @@ FAULTS: dict[str, Callable[[FaultEnv], Injection]] = {
     "redis_kill": redis_kill,
     "redis_pause": redis_pause,
     "dispatcher_kill": dispatcher_kill,
+    "dispatcher_kill_replica": dispatcher_kill_replica,
 }
+
+# Dispatchers the stack runs for a kind (1 unless named here); the clients are given every one's address.
+DISPATCHERS: dict[str, int] = {"dispatcher_kill_replica": 2}

@@ -12,7 +12,9 @@ HEADER = """# Fault benchmark
 `make bench-faults` (`python -m bench.faults`) starts a fresh stack per fault kind (`running_stack`: private
 redis-server, router, predictor, dispatcher, two workers of SIMULATED engines, a measuring instrument),
 drives concurrent multi-stage streaming workflows through the gRPC door with the SDK, strikes once a
-quarter of the stages are answered, and counts what the clients saw. `make soak` runs one stack for
+quarter of the stages are answered, and counts what the clients saw. For `dispatcher_kill_replica` the stack
+runs two dispatchers on the one Redis (`LauncherSettings.dispatchers`), the SDK is given both addresses, and
+the one holding the reaper lease is killed. `make soak` runs one stack for
 minutes with a random fault every 30-60 s. Rerun a subset: `python -m bench.faults --kinds worker_kill
 redis_kill --workflows 16 --seed 1`.
 

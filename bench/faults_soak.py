@@ -16,7 +16,7 @@ from typing import Any
 
 from bench.faults_count import count
 from bench.faults_drive import plan, time_to_serve, workflow_client
-from bench.faults_inject import FAULTS, FaultEnv, Injection
+from bench.faults_inject import DISPATCHERS, FAULTS, FaultEnv, Injection
 from bench.faults_stack import Load, RunConfig, drain, log_errors, traced
 from services.launcher.stack import Stack
 from services.workload.corpus import Problem
@@ -27,7 +27,8 @@ class SoakConfig:
     minutes: float = 20.0
     concurrency: int = 16  # workflows kept in flight
     every_s: tuple[float, float] = (30.0, 60.0)  # a fault every uniform(lo, hi) seconds
-    kinds: tuple[str, ...] = tuple(k for k in FAULTS if k != "engine_crash")  # armed at start only
+    # Not an engine crash (armed at start only), nor a kind that needs more than the one dispatcher.
+    kinds: tuple[str, ...] = tuple(k for k in FAULTS if k != "engine_crash" and k not in DISPATCHERS)
 
 
 async def _fault(env: FaultEnv, stack: Stack, kind: str, cfg: RunConfig, t0: float) -> dict[str, Any]:

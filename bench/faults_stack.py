@@ -1,9 +1,9 @@
 """One fault against one fresh stack: the pool, the run, and what Redis and the logs hold afterwards.
 
 The stack is the one ``chimera up`` runs (``running_stack``: private redis-server, router, predictor, two
-workers, dispatcher), with SIMULATED engines, a measuring instrument as in tests/test_e2e_stack.py: a
-small and a three times slower large engine, four sequences each, a short worker lease so that a killed
-worker's claims come back within the run.
+workers, dispatcher; two dispatchers on the one Redis for a kind that needs them), with SIMULATED engines,
+a measuring instrument as in tests/test_e2e_stack.py: a small and a three times slower large engine, four
+sequences each, a short worker lease so that a killed worker's claims come back within the run.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,8 +95,10 @@ def pool(cfg: StackConfig, arm_crash: bool = False) -> PoolSpec:
 
 
 @contextlib.contextmanager
-def fault_stack(state: Path, cfg: StackConfig, arm_crash: bool = False) -> Iterator[tuple[Stack, FaultEnv]]:
-    settings = LauncherSettings.ephemeral(state, start_timeout_s=180)
+def fault_stack(
+    state: Path, cfg: StackConfig, arm_crash: bool = False, dispatchers: int = 1
+) -> Iterator[tuple[Stack, FaultEnv]]:
+    settings = LauncherSettings.ephemeral(state, start_timeout_s=180, dispatchers=dispatchers)
     env: FaultEnv | None = None
     try:
         with running_stack(settings, pool(cfg, arm_crash)) as stack:
@@ -205,7 +207,7 @@ async def drain(stack: Stack, keys: Keys, limit_s: float) -> tuple[dict[str, int
 class Load:
     """Workflows in flight and their records, shared by the one-fault runs and the soak."""
 
-    addr: str
+    addr: str | Sequence[str]
     drive: DriveConfig
     progress: Progress = field(default_factory=Progress)
     records: list[WorkflowRecord] = field(default_factory=list)
@@ -214,16 +216,21 @@ class Load:
         self.records.append(await run_workflow(client, p, self.drive, self.progress, deadline))
 
 
+def doors(stack: Stack) -> str | tuple[str, ...]:
+    """What the clients are given: the one dispatcher, or every replica (the SDK uses them in turn)."""
+    return stack.dispatcher_addrs if len(stack.dispatcher_addrs) > 1 else stack.dispatcher_addr
+
+
 async def run_one_fault(
     stack: Stack, env: FaultEnv, kind: str, plans: list[Plan], cfg: RunConfig
 ) -> dict[str, Any]:
-    load = Load(stack.dispatcher_addr, cfg.drive)
+    load = Load(doors(stack), cfg.drive)
     total = sum(p.workflow.n_stages for p in plans)
     if env.crash_at is not None:  # an armed engine: start the load so that it dies mid-run
         await asyncio.sleep(max(0.0, env.crash_at - cfg.stack.crash_lead_s - time.monotonic()))
     t0 = time.monotonic()
     deadline = t0 + cfg.workflow_budget_s
-    async with workflow_client(stack.dispatcher_addr, cfg.drive) as client:
+    async with workflow_client(load.addr, cfg.drive) as client:
         tasks = [asyncio.create_task(load.one(client, p, deadline)) for p in plans]
         while (
             env.crash_at is None
@@ -234,7 +241,7 @@ async def run_one_fault(
         fault = asyncio.create_task(asyncio.to_thread(FAULTS[kind], env))
         before = asyncio.create_task(_stages_at_fault(env, load.progress))
         recovery = asyncio.create_task(
-            time_to_serve(stack.dispatcher_addr, cfg.drive, lambda: env.fired_at, cfg.recovery_limit_s)
+            time_to_serve(load.addr, cfg.drive, lambda: env.fired_at, cfg.recovery_limit_s)
         )
         await asyncio.gather(*tasks)
         injection = await _injection(fault, kind)
