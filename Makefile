@@ -95,6 +95,15 @@ bench-faults: proto  ## one fault per fresh stack under streaming workflows: los
 soak: proto  ## mixed workflows for M minutes (default 20), a random component killed every 30-60 s (faults.json "soak")
 	$(PY) -m bench.faults --soak --minutes $(or $(M),20)
 
+.PHONY: collect-real
+# The pool's engines to run (ids or model names), corpus sources, tasks per source (the plan's first N).
+MODELS ?= coder-0_5b coder-1_5b
+SOURCES ?= humaneval leetcode champ euler gsm
+TASKS ?= 20
+collect-real: proto  ## real workflows on the real qwen-coder-3 models through the stack, verified, exported to bench/data/real/ (resumable; minutes per task)
+	nice -n 19 $(VENV)/bin/chimera collect --pool qwen-coder-3 $(foreach m,$(MODELS),--model $(m)) \
+	  $(foreach s,$(SOURCES),--source $(s)) --tasks $(TASKS)
+
 docs: proto  ## regenerate the READMEs' key and knob tables from the code (keys.py, settings classes)
 	$(VENV)/bin/chimera docs --write
 

@@ -56,6 +56,7 @@ class WorkflowRun:
     e2e_s: float = 0.0  # the stages only, not the verification after them
     error: str | None = None
     verdict: Verdict | None = None  # None: not completed, or no check for this problem
+    model: str = ""  # "" lets Chimera choose; a served model's name pins every stage to it
 
     @property
     def completed(self) -> bool:
@@ -79,6 +80,7 @@ async def run_stage(
         sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0.0),
         # Every try of the stage carries one id: a retry after a broken stream re-attaches to the request.
         request_id=f"{run.program_id}-s{stage}",
+        model=run.model,
     )
     t0 = time.monotonic()
     final: pb.Completion | None = None

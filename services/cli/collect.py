@@ -1,0 +1,58 @@
+"""``chimera collect``: real traces and verified outcomes from a real pool (see services/collect/)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from services.common.logs import setup_logging
+
+DATASET = Path("bench/data/real")
+
+
+def collect(
+    pool: Annotated[Path, typer.Option(help="pool YAML or embedded pool name")] = Path("qwen-coder-3"),
+    model: Annotated[
+        list[str] | None,
+        typer.Option(help="engine id or model name of the pool to run (repeat); default all"),
+    ] = None,
+    source: Annotated[
+        list[str] | None,
+        typer.Option(help="corpus source (repeat): humaneval leetcode champ euler gsm; default all five"),
+    ] = None,
+    tasks: Annotated[int, typer.Option(help="tasks per source (the plan's first N; more extends it)")] = 20,
+    seed: Annotated[int, typer.Option(help="seed of each source's task order")] = 0,
+    max_tokens: Annotated[int, typer.Option(help="max tokens per stage")] = 512,
+    concurrency: Annotated[int, typer.Option(help="workflows in flight per engine")] = 4,
+    out: Annotated[Path, typer.Option(help="dataset folder (committed)")] = DATASET,
+    state_dir: Annotated[Path, typer.Option(help="private Redis, logs, raw export")] = Path(
+        ".chimera/collect"
+    ),
+    pin_cores: Annotated[bool, typer.Option(help="pin each engine's worker to its own core")] = True,
+) -> None:
+    """Run the paper's workflows on each selected model of the pool through the live stack, verify every
+    answer, export traces and outcomes with the product's export into OUT (texts kept only where their
+    license allows). Resumable: runs the dataset already holds are skipped."""
+    from services.collect.plan import DEFAULT_SOURCES, plan_tasks
+    from services.collect.runner import CollectPlan, select_engines
+    from services.collect.runner import collect as run_collection
+    from services.launcher.pool import load_pool, resolve_pool
+    from services.verify.answers import load_answer_key
+    from services.workload.corpus import load_corpus
+
+    setup_logging("collect")
+    logging.getLogger("services").setLevel(logging.INFO)
+    sources = tuple(source or DEFAULT_SOURCES)
+    corpus = load_corpus(use_fallback=False)
+    key = load_answer_key(sources=sources)
+    plan = plan_tasks(corpus.problems, lambda pid: key.get(pid) is not None, sources, tasks, seed)
+    pool_file = resolve_pool(pool)
+    engines = select_engines(load_pool(pool_file), model or [])
+    settings = CollectPlan(out, state_dir, max_tokens, concurrency, pin_cores)
+    counts = run_collection(settings, engines, plan, key, pool_file)
+    typer.echo(f"dataset {out}: {counts}")
+    typer.echo((out / "summary.json").read_text() if (out / "summary.json").exists() else json.dumps({}))
