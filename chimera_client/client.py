@@ -209,13 +209,17 @@ class AsyncClient:
         return _last(events)
 
     async def end_program(self, program_id: str, outcome: float | None = None) -> ProgramEnd:
-        try:
-            resp = await self._stub.EndProgram(
-                _convert.end_request(program_id, outcome), timeout=self._timeout_s, metadata=self._metadata
-            )
-        except grpc.aio.AioRpcError as e:
-            raise from_rpc_error(e) from None
-        return _convert.program_end(resp)
+        """End ``program_id`` (its outcome kept as a label). Retried like a stage: ending a program twice
+        is harmless, the second try finds nothing left (``found`` false) when the first one landed."""
+        req = _convert.end_request(program_id, outcome)
+        async for attempt in self._retry.retrying():
+            with attempt:
+                try:
+                    resp = await self._stub.EndProgram(req, timeout=self._timeout_s, metadata=self._metadata)
+                except grpc.aio.AioRpcError as e:
+                    raise from_rpc_error(e) from None
+                return _convert.program_end(resp)
+        raise AssertionError("unreachable: a try either returns or raises")
 
     async def list_models(self) -> tuple[ModelStatus, ...]:
         try:
@@ -332,13 +336,16 @@ class Client:
         )
 
     def end_program(self, program_id: str, outcome: float | None = None) -> ProgramEnd:
-        try:
-            resp = self._stub.EndProgram(
-                _convert.end_request(program_id, outcome), timeout=self._timeout_s, metadata=self._metadata
-            )
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
-        return _convert.program_end(resp)
+        """The blocking twin of ``AsyncClient.end_program`` (retried the same way)."""
+        req = _convert.end_request(program_id, outcome)
+        for attempt in self._retry.retrying_sync():
+            with attempt:
+                try:
+                    resp = self._stub.EndProgram(req, timeout=self._timeout_s, metadata=self._metadata)
+                except grpc.RpcError as e:
+                    raise from_rpc_error(e) from None
+                return _convert.program_end(resp)
+        raise AssertionError("unreachable: a try either returns or raises")
 
     def list_models(self) -> tuple[ModelStatus, ...]:
         try:

@@ -119,3 +119,38 @@ async def test_the_blocking_client_fails_over_too() -> None:
     finally:
         await sb.stop(None)
     assert [c.engine for c in done] == ["b"] * 3
+
+
+class FlakyEnd(dispatcher_pb2_grpc.DispatcherServicer):  # type: ignore[misc]
+    """Answers EndProgram with UNAVAILABLE ``failures`` times (a dispatcher going away), then ends it."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    async def EndProgram(  # noqa: N802 - the gRPC method's name
+        self, request: pb.EndProgramRequest, context: grpc.aio.ServicerContext[object, object]
+    ) -> pb.EndProgramResponse:
+        self.calls += 1
+        if self.calls <= self.failures:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "dispatcher restarting")
+        return pb.EndProgramResponse(found=True)
+
+
+async def test_end_program_is_retried_through_unavailable() -> None:
+    """A workflow's EndProgram that lands on a dying dispatcher is sent again, not lost with its outcome."""
+    flaky = FlakyEnd(failures=2)
+    server = grpc.aio.server()
+    dispatcher_pb2_grpc.add_DispatcherServicer_to_server(flaky, server)
+    addr = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    try:
+        async with AsyncClient(addr, retry=FAST) as client:
+            end = await client.end_program("p", outcome=1.0)
+        assert end.found and flaky.calls == 3
+        flaky.calls = 0
+        with Client(addr, retry=FAST) as blocking:
+            end = await asyncio.to_thread(blocking.end_program, "p", 0.5)
+        assert end.found and flaky.calls == 3
+    finally:
+        await server.stop(None)
