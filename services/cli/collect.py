@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +13,10 @@ import typer
 from services.common.logs import setup_logging
 
 DATASET = Path("bench/data/real")
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM like Ctrl-C: the last export runs and the stack's children stop
 
 
 def collect(
@@ -45,6 +50,7 @@ def collect(
     from services.workload.corpus import load_corpus
 
     setup_logging("collect")
+    signal.signal(signal.SIGTERM, _interrupt)
     logging.getLogger("services").setLevel(logging.INFO)
     sources = tuple(source or DEFAULT_SOURCES)
     corpus = load_corpus(use_fallback=False)
