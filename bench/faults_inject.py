@@ -47,7 +47,7 @@ class FaultEnv:
     restart_grace_s: float = 10.0
     health_timeout_s: float = 90.0
     fired_at: float | None = None
-    crash_at: float | None = None  # when an armed engine fault knob goes off (monotonic)
+    crash_file: Path | None = None  # the armed engine dies once this file appears (its fault knob)
     # Processes the benchmark started itself (a Redis it restarted): stopped at exit.
     own: list[subprocess.Popen[bytes]] = field(default_factory=list)
     paused: set[int] = field(default_factory=set)
@@ -140,14 +140,16 @@ def worker_kill(env: FaultEnv) -> Injection:
     return replace(inj, note=f"{inj.note}; it held {claims[engine]} claims")
 
 
-# The simulated engine's fault knob (CHIMERA_WORKER_SIM_FAULT_DIE_AFTER_S): it dies that long after start.
-DIE_AFTER = "sim_fault_die_after_s"
+# The simulated engine's fault knob (CHIMERA_WORKER_SIM_FAULT_DIE_FILE): it dies once that file appears,
+# and removes it, so the restarted engine lives.
+DIE_FILE = "sim_fault_die_file"
 CRASH_ENGINE = "large"  # the slow engine: the most requests running at any moment
 
 
 def engine_crash(env: FaultEnv) -> Injection:
     """The engine dies under a live worker. A simulated engine dies by its own fault knob, armed at stack
-    start (``crash_at``); a real engine has a child process, which is killed."""
+    start and pulled here, mid-load like every other fault (``crash_file``); a real engine has a child
+    process, which is killed."""
     c = env.child(f"worker-{CRASH_ENGINE}")
     assert c.proc is not None
     worker_pid = c.proc.pid
@@ -155,12 +157,10 @@ def engine_crash(env: FaultEnv) -> Injection:
     def gone() -> bool:
         return c.proc is None or c.proc.pid != worker_pid or not c.alive()
 
-    if env.crash_at is not None:
-        # The fault's moment is when the worker is seen to exit (it exits once its engine died, so this
-        # is a little after the engine's death), or the knob's due time if the worker never exits.
-        _wait(env, gone, max(0.0, env.crash_at - time.monotonic()) + 10.0, 0.02)
+    if env.crash_file is not None:
+        env.crash_file.touch()  # the engine polls for it every 50 ms
         env.fire()
-        target = f"simulated engine of worker-{CRASH_ENGINE} (fault knob {DIE_AFTER})"
+        target = f"simulated engine of worker-{CRASH_ENGINE} (fault knob {DIE_FILE})"
     else:
         kids = psutil.Process(worker_pid).children(recursive=True)
         if not kids:

@@ -79,6 +79,11 @@ def render(data: Mapping[str, Any]) -> str:
             f"## One fault per stack\n\nCommit `{m['commit']}`, {m['date']}; {m['workflows']} workflows, "
             f"seed {m['seed']}, time_scale {m['time_scale']:g}, lease {m['lease_s']:g} s, {m['max_tokens']} "
             f"tokens per stage; {m['run_s']:.0f} s in all. `{m['command']}`\n",
+            *(
+                f"Rerun since, replacing its rows: {', '.join(r['kinds'])} at commit `{r['commit']}`, "
+                f"{r['date']}, `{r['command']}`.\n"
+                for r in data.get("reruns") or ()
+            ),
             TABLE,
             *(_row(k, v) for k, v in kinds.items()),
             "",
@@ -125,8 +130,15 @@ def write(out_dir: Path, section: str, payload: Mapping[str, Any]) -> dict[str, 
     path = out_dir / "faults.json"
     data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     if section == "kinds":
-        data["meta"] = payload["meta"]
-        data["kinds"] = {**(data.get("kinds") or {}), **payload["kinds"]}
+        old = data.get("kinds") or {}
+        if set(payload["kinds"]) >= set(old):  # a full run: it describes every row
+            data["meta"], data["reruns"] = payload["meta"], []
+        else:  # a subset rerun: the full run's description stays, the rerun is listed beside it
+            data["reruns"] = [
+                *(data.get("reruns") or []),
+                {**payload["meta"], "kinds": sorted(payload["kinds"])},
+            ]
+        data["kinds"] = {**old, **payload["kinds"]}
     else:
         data["soak"] = dict(payload)
     path.write_text(json.dumps(data, indent=1) + "\n")

@@ -30,7 +30,7 @@ from bench.faults_drive import (
     time_to_serve,
     workflow_client,
 )
-from bench.faults_inject import CRASH_ENGINE, DIE_AFTER, FAULTS, FaultEnv, Injection
+from bench.faults_inject import CRASH_ENGINE, DIE_FILE, FAULTS, FaultEnv, Injection
 from services.common.keys import Keys
 from services.common.redis_client import connect_sync
 from services.launcher.config import LauncherSettings
@@ -50,10 +50,6 @@ class StackConfig:
     lease_s: float = 2.0
     max_num_seqs: int = 4
     restart_grace_s: float = 10.0
-    # engine_crash: the simulated engine's fault knob fires this long after the worker starts, and the
-    # load starts so that it fires about crash_lead_s into the run.
-    crash_after_s: float = 30.0
-    crash_lead_s: float = 12.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +66,7 @@ class RunConfig:
     keep_state: bool = False
 
 
-def pool(cfg: StackConfig, arm_crash: bool = False) -> PoolSpec:
+def pool(cfg: StackConfig, crash_file: Path | None = None) -> PoolSpec:
     def engine(eid: str, model: str, slow: float) -> EngineSpec:
         profile = {
             **PROFILE,
@@ -82,8 +78,8 @@ def pool(cfg: StackConfig, arm_crash: bool = False) -> PoolSpec:
             "lease_s": f"{cfg.lease_s:g}",
             "profile_json": json.dumps(profile),
         }
-        if arm_crash and eid == CRASH_ENGINE:
-            env[DIE_AFTER] = f"{cfg.crash_after_s:g}"
+        if crash_file is not None and eid == CRASH_ENGINE:
+            env[DIE_FILE] = str(crash_file.resolve())
         return EngineSpec(id=eid, model=model, kind="simulated", max_num_seqs=cfg.max_num_seqs, env=env)
 
     return PoolSpec(
@@ -101,10 +97,10 @@ def fault_stack(
     settings = LauncherSettings.ephemeral(state, start_timeout_s=180, dispatchers=dispatchers)
     env: FaultEnv | None = None
     try:
-        with running_stack(settings, pool(cfg, arm_crash)) as stack:
+        crash_file = state / "engine-crash.trigger" if arm_crash else None
+        with running_stack(settings, pool(cfg, crash_file)) as stack:
             env = FaultEnv(stack, Keys(stack.key_prefix), restart_grace_s=cfg.restart_grace_s)
-            if arm_crash:
-                _disarm_restarts(env, cfg)
+            env.crash_file = crash_file
             r = env.redis()
             try:
                 r.set(marker(env.keys), "1")  # gone afterwards: Redis lost its data
@@ -117,16 +113,6 @@ def fault_stack(
     finally:
         if env is not None:
             env.stop_own()
-
-
-def _disarm_restarts(env: FaultEnv, cfg: StackConfig) -> None:
-    """The knob stays armed in the running worker only: its restart must come up healthy, not crash again.
-    When it fires is known from the worker's start (the engine starts a moment after the process)."""
-    c = env.child(f"worker-{CRASH_ENGINE}")
-    var = f"CHIMERA_WORKER_{DIE_AFTER.upper()}"
-    c.env = {k: v for k, v in c.env.items() if k != var}
-    started = getattr(c, "started_at", 0.0) or time.monotonic()
-    env.crash_at = started + cfg.crash_after_s
 
 
 def marker(keys: Keys) -> str:
@@ -226,17 +212,11 @@ async def run_one_fault(
 ) -> dict[str, Any]:
     load = Load(doors(stack), cfg.drive)
     total = sum(p.workflow.n_stages for p in plans)
-    if env.crash_at is not None:  # an armed engine: start the load so that it dies mid-run
-        await asyncio.sleep(max(0.0, env.crash_at - cfg.stack.crash_lead_s - time.monotonic()))
     t0 = time.monotonic()
     deadline = t0 + cfg.workflow_budget_s
     async with workflow_client(load.addr, cfg.drive) as client:
         tasks = [asyncio.create_task(load.one(client, p, deadline)) for p in plans]
-        while (
-            env.crash_at is None
-            and load.progress.stages_done < total * cfg.fault_at
-            and time.monotonic() - t0 < cfg.fault_latest_s
-        ):
+        while load.progress.stages_done < total * cfg.fault_at and time.monotonic() - t0 < cfg.fault_latest_s:
             await asyncio.sleep(0.05)
         fault = asyncio.create_task(asyncio.to_thread(FAULTS[kind], env))
         before = asyncio.create_task(_stages_at_fault(env, load.progress))

@@ -97,6 +97,11 @@ class WorkerSettings(CommonSettings):
         gt=0.0,
         description="FAULT INJECTION (tests), simulated engine: it dies this long after start",
     )
+    sim_fault_die_file: str = Field(
+        default="",
+        max_length=4096,
+        description="FAULT INJECTION (tests), simulated engine: dies once this file appears (then removed)",
+    )
     model_path: str = Field(
         default="tiny",
         description="vllm: model folder, or tiny | small | smollm2 | gemma3-270m | qwen2.5-coder-0.5b | "

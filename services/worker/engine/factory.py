@@ -24,6 +24,7 @@ def _simulated(s: WorkerSettings) -> Engine:
         lengths,
         fault_die_after_s=s.sim_fault_die_after_s,
         stream_tokens=s.stream_tokens,
+        fault_die_file=s.sim_fault_die_file,
     )
 
 

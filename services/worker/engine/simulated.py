@@ -24,6 +24,7 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from services.common.types import EngineProfile, StageRequest
 from services.worker.engine.base import EngineDeadError, EngineOutput
@@ -71,9 +72,11 @@ class SimulatedEngine:
         lengths: LengthModel | None = None,
         fault_die_after_s: float | None = None,
         stream_tokens: int = 1,
+        fault_die_file: str = "",
     ) -> None:
-        """``fault_die_after_s`` is FAULT INJECTION for tests: the step loop dies that long after start, as a
-        real engine process would (running requests fail with EngineDeadError; health() says why)."""
+        """``fault_die_after_s`` and ``fault_die_file`` are FAULT INJECTION for tests: the step loop dies that
+        long after start, or once that file appears, as a real engine process would (running requests
+        fail with EngineDeadError; health() says why)."""
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.model = model
@@ -90,6 +93,8 @@ class SimulatedEngine:
         self._task: asyncio.Task[None] | None = None
         self._fault_die_after_s = fault_die_after_s
         self._fault: asyncio.TimerHandle | None = None
+        self._fault_file = Path(fault_die_file) if fault_die_file else None
+        self._fault_watch: asyncio.Task[None] | None = None
         self._died: str | None = None
         # Instrument readings, for tests and benchmarks.
         self.steps = 0
@@ -103,6 +108,8 @@ class SimulatedEngine:
             self._died = None
             if self._fault_die_after_s is not None:
                 self._fault = asyncio.get_running_loop().call_later(self._fault_die_after_s, self.kill)
+            if self._fault_file is not None:
+                self._fault_watch = asyncio.create_task(self._watch_fault_file(self._fault_file))
             log.info(
                 "simulated engine (a measuring instrument) for %s: max_num_seqs=%d time_scale=%g profile=%s",
                 self.model,
@@ -129,10 +136,24 @@ class SimulatedEngine:
             return "simulated engine step loop stopped"
         return None
 
+    async def _watch_fault_file(self, path: Path) -> None:
+        """FAULT INJECTION: die as soon as ``path`` appears, which a benchmark creates at the moment it
+        chooses (mid-load), and remove it: one shot, so the restarted engine lives."""
+        while self._task is not None and not self._task.done():
+            if path.exists():
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                self.kill(f"fault injection: the simulated engine was killed ({path.name} appeared)")
+                return
+            await asyncio.sleep(0.05)
+
     async def stop(self) -> None:
         if self._fault is not None:
             self._fault.cancel()
             self._fault = None
+        if self._fault_watch is not None:
+            self._fault_watch.cancel()
+            self._fault_watch = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
