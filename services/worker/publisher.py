@@ -59,6 +59,7 @@ class DeltaPublisher:
         self._pending: dict[int, _Pending] = {}
         self._chars = 0
         self._soon = asyncio.Event()
+        self._some = asyncio.Event()  # text is pending: an idle worker's flush loop sleeps until then
         self._lock = asyncio.Lock()  # one flush at a time keeps each request's deltas in order
         self.flushes = 0
         self.entries = 0
@@ -70,6 +71,7 @@ class DeltaPublisher:
         p = self._pending.setdefault(id(source), _Pending(source))
         p.parts.append(text)
         self._chars += len(text)
+        self._some.set()
         if self._chars >= self._max_chars:
             self._soon.set()
 
@@ -83,6 +85,7 @@ class DeltaPublisher:
             if source is None:
                 batch, self._pending, self._chars = list(self._pending.values()), {}, 0
                 self._soon.clear()
+                self._some.clear()
             else:
                 one = self._pending.pop(id(source), None)
                 batch = [one] if one is not None else []
@@ -100,8 +103,18 @@ class DeltaPublisher:
                 self.entries += len(items)
 
     async def run(self, closing: asyncio.Event) -> None:
-        """Flush every ``interval_s`` (sooner when asked) until ``closing`` is set."""
+        """Flush every ``interval_s`` (sooner when asked) until ``closing`` is set. With nothing pending it
+        sleeps until text or ``closing`` comes instead of waking every interval: those wake-ups were a
+        large part of an idle worker's CPU."""
         while not closing.is_set():
+            if not self._some.is_set():
+                waits = [asyncio.ensure_future(self._some.wait()), asyncio.ensure_future(closing.wait())]
+                try:
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for w in waits:
+                        w.cancel()
+                continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._soon.wait(), self._interval_s)
             try:
