@@ -59,7 +59,7 @@ class WorkerSettings(CommonSettings):
         description="streamed text is flushed this often (a request's first text at once)",
     )
     stream_tokens: int = Field(
-        default=1,
+        default=4,
         ge=1,
         le=256,
         description="real engines send a request's text every this many tokens (its first token at once); "
