@@ -1,7 +1,8 @@
 """The engine pool an operator serves: which engines exist, what model each runs and how.
 
 A pool is a small YAML file (``chimera up --pool FILE``). The embedded pools are in ``pools/``:
-``vllm-cpu`` (the default: two real vLLM engines of different size) and ``simulated`` (profile-driven
+``vllm-cpu`` (the default: two real vLLM instruct models of different size and strength, SmolLM2-135M and
+Qwen2.5-Coder-0.5B), ``qwen-coder-3`` (the three-model benchmark pool) and ``simulated`` (profile-driven
 simulated engines, a measuring instrument); ``--pool simulated`` names one.
 """
 
