@@ -92,7 +92,7 @@ bench-load: proto  ## front-door load: stages/s, dispatch ms, CPU per 1k stages,
 	$(PY) -m bench.load
 
 .PHONY: bench-faults soak
-bench-faults: proto  ## one fault per fresh stack under streaming workflows: lost / failed / duplicated, time to serve again (bench/results/faults.*, ~5 min)
+bench-faults: proto  ## one fault per fresh stack under streaming workflows: lost / failed / duplicated, time to serve again (bench/results/faults.*, ~6 min)
 	$(PY) -m bench.faults --workflows $(or $(N),16)
 
 soak: proto  ## mixed workflows for M minutes (default 20), a random component killed every 30-60 s (faults.json "soak")
