@@ -39,7 +39,7 @@ import numpy as np
 
 from bench.predictors import F64, arrival_positions, windowed_kendall
 from services.common.tokens import approx_tokens
-from services.common.tracestore import read_outcomes_jsonl, read_traces_jsonl, remaining_tokens
+from services.common.tracestore import read_trace_folder, remaining_tokens
 from services.common.types import OutcomeRow, TraceRow
 from services.predictor.backends import make_backend as make_predictor
 from services.predictor.features import PredictorInput
@@ -75,8 +75,7 @@ class RealData:
 
 def load(folder: Path = DATA) -> RealData:
     """The folder as ``chimera train --traces`` reads it, plus ``runs.jsonl``."""
-    traces = [r for p in sorted(folder.glob("traces*.jsonl")) for r in read_traces_jsonl(p)]
-    outcomes = read_outcomes_jsonl(folder / "outcomes.jsonl")
+    traces, outcomes = read_trace_folder(folder)
     runs = [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines() if line.strip()]
     return RealData(traces, outcomes, runs)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from services.collect.dataset import RUNS, RunRecord, append_run, publish, read_folder, read_runs
+from services.collect.dataset import RUNS, RunRecord, append_run, publish, read_runs
 from services.collect.pinning import core_plan, pin_tree, process_tree
 from services.collect.plan import (
     Task,
@@ -23,7 +23,7 @@ from services.collect.plan import (
     plan_tasks,
     program_id,
 )
-from services.common.tracestore import write_jsonl
+from services.common.tracestore import read_trace_folder, write_jsonl
 from services.common.types import OutcomeRow, TraceRow
 from services.jobs.export import outcome_file, trace_file
 from services.workload.corpus import Problem
@@ -154,7 +154,7 @@ def test_publish_keeps_finished_runs_in_the_export_layout_and_redacts_what_is_no
         "summary.json",
         "traces-small.jsonl",
     ]
-    traces, outcomes = read_folder(out)  # what `chimera train --traces` reads
+    traces, outcomes = read_trace_folder(out)  # what `chimera train --traces` reads
     assert {o.program_id for o in outcomes} == {pids["mit"], pids["leet"]}
     mit = [t for t in traces if t.program_id == pids["mit"]]
     leet = [t for t in traces if t.program_id == pids["leet"]]
@@ -190,7 +190,7 @@ def test_publish_is_idempotent_and_merges_later_exports(tmp_path: Path) -> None:
     counts = publish(raw2, out)
     assert counts["programs"] == 3 and (out / "traces-big.jsonl").exists()
     assert len(read_runs(out)) == 2  # the new run has no record of its own: its outcome still counts
-    assert ("big", "code/coder", "humaneval/9") in collected(read_folder(out)[1])
+    assert ("big", "code/coder", "humaneval/9") in collected(read_trace_folder(out)[1])
 
 
 def test_core_plan_gives_each_engine_its_own_core_while_there_are_enough() -> None:

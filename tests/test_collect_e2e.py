@@ -11,9 +11,10 @@ from types import MappingProxyType
 import pytest
 
 from services.collect import runner
-from services.collect.dataset import read_folder, read_runs
+from services.collect.dataset import read_runs
 from services.collect.plan import collected, plan_tasks
 from services.collect.runner import CollectPlan, collect, select_engines
+from services.common.tracestore import read_trace_folder
 from services.launcher.pool import load_pool, resolve_pool
 from services.verify.answers import AnswerKey
 from services.verify.checks import HumanEvalCheck
@@ -44,7 +45,7 @@ def test_collect_through_the_stack_exports_verified_runs_and_a_rerun_skips_them(
     counts = collect(plan, pool, tasks, key, pool_file)
 
     assert counts["programs"] == 4  # two tasks on two engines
-    traces, outcomes = read_folder(plan.out)
+    traces, outcomes = read_trace_folder(plan.out)
     assert sorted(p.name for p in plan.out.glob("traces-*.jsonl")) == [
         "traces-qwen-1_5b.jsonl",
         "traces-qwen-7b.jsonl",
@@ -69,4 +70,4 @@ def test_collect_through_the_stack_exports_verified_runs_and_a_rerun_skips_them(
 
     monkeypatch.setattr(runner, "running_stack", no_stack)
     assert collect(plan, pool, tasks, key, pool_file) == counts
-    assert len(collected(read_folder(plan.out)[1])) == 4
+    assert len(collected(read_trace_folder(plan.out)[1])) == 4

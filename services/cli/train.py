@@ -15,12 +15,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from services.common.keys import Keys
 from services.common.redis_client import connect_tool
-from services.common.tracestore import (
-    read_outcomes_jsonl,
-    read_outcomes_redis,
-    read_traces_jsonl,
-    read_traces_redis,
-)
+from services.common.tracestore import read_outcomes_redis, read_trace_folder, read_traces_redis
 from services.common.types import OutcomeRow, TraceRow
 
 app = typer.Typer(no_args_is_help=True, help=__doc__)
@@ -43,9 +38,7 @@ def _load(
     if (traces_dir is None) == (redis_url is None):
         raise typer.BadParameter("give exactly one of --traces or --redis-url")
     if traces_dir is not None:
-        traces = [r for p in sorted(traces_dir.glob("traces*.jsonl")) for r in read_traces_jsonl(p)]
-        out = traces_dir / "outcomes.jsonl"
-        return traces, read_outcomes_jsonl(out) if out.exists() else []
+        return read_trace_folder(traces_dir)
 
     async def from_redis() -> tuple[list[TraceRow], list[OutcomeRow]]:
         client = connect_tool(str(redis_url))

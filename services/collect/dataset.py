@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from services.collect.plan import PUBLISHABLE_TEXT, parse_program_id
-from services.common.tracestore import read_outcomes_jsonl, read_traces_jsonl, write_jsonl
+from services.common.tracestore import read_trace_folder, write_jsonl
 from services.common.types import OutcomeRow, TraceRow
 from services.jobs.export import outcome_file, trace_file
 
@@ -51,13 +51,6 @@ class RunRecord:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
-
-
-def read_folder(folder: Path) -> tuple[list[TraceRow], list[OutcomeRow]]:
-    """Trace and outcome rows of an export or dataset folder (what ``chimera train --traces`` reads)."""
-    traces = [r for p in sorted(folder.glob("traces*.jsonl")) for r in read_traces_jsonl(p)]
-    out = outcome_file(folder)
-    return traces, read_outcomes_jsonl(out) if out.exists() else []
 
 
 def read_runs(folder: Path) -> list[RunRecord]:
@@ -100,8 +93,8 @@ def _write_lines(path: Path, lines: Iterable[str]) -> None:
 
 def publish(raw: Path, out: Path) -> dict[str, int]:
     """Merge ``raw`` into the dataset ``out``; returns its row counts."""
-    old_traces, old_outcomes = read_folder(out)
-    new_traces, new_outcomes = read_folder(raw)
+    old_traces, old_outcomes = read_trace_folder(out)
+    new_traces, new_outcomes = read_trace_folder(raw)
     outcomes: dict[str, OutcomeRow] = {}
     for o in [*old_outcomes, *new_outcomes]:
         if parse_program_id(o.program_id) is not None:

@@ -26,11 +26,12 @@ from pathlib import Path
 import grpc
 
 from chimera.dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
-from services.collect.dataset import RunRecord, append_run, publish, read_folder
+from services.collect.dataset import RunRecord, append_run, publish
 from services.collect.pinning import core_plan, pin_engines
 from services.collect.plan import Task, collected, pending, program_id
 from services.common.keys import Keys
 from services.common.redis_client import connect_sync
+from services.common.tracestore import read_trace_folder
 from services.demo.client import WorkflowRun, run_workflow
 from services.jobs.export import export_traces
 from services.launcher.config import LauncherSettings
@@ -145,7 +146,7 @@ def collect(
 ) -> dict[str, int]:
     """Collect every (engine, task) the dataset lacks; returns the dataset's counts."""
     counts = publish(plan.raw, plan.out)  # first fold in what a killed run exported
-    done = collected(read_folder(plan.out)[1])
+    done = collected(read_trace_folder(plan.out)[1])
     engines = {e.id: e for e in pool.engines}
     todo = [(engines[e], t) for e, t in pending(tasks, list(engines), done)]
     log.info(

@@ -28,6 +28,17 @@ def read_outcomes_jsonl(path: Path) -> list[OutcomeRow]:
     return [OutcomeRow.from_json(line) for line in _lines(path)]
 
 
+OUTCOMES_FILE = "outcomes.jsonl"
+
+
+def read_trace_folder(folder: Path) -> tuple[list[TraceRow], list[OutcomeRow]]:
+    """The rows of a folder of ``traces*.jsonl`` and ``outcomes.jsonl``: a trace export, the collector's
+    dataset, or the bootstrap's generated traces (what ``chimera train --traces`` reads)."""
+    traces = [r for p in sorted(folder.glob("traces*.jsonl")) for r in read_traces_jsonl(p)]
+    outcomes = folder / OUTCOMES_FILE
+    return traces, read_outcomes_jsonl(outcomes) if outcomes.exists() else []
+
+
 def write_jsonl(path: Path, rows: Iterable[TraceRow | OutcomeRow]) -> int:
     """Write rows, one JSON object a line, atomically (temp file + rename). Returns the row count."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,7 @@ import redis
 
 from services.common.keys import Keys
 from services.common.queue_scripts import EXPORT_COMMIT, LEASE_RELEASE
+from services.common.tracestore import OUTCOMES_FILE
 from services.common.types import OutcomeRow, TraceRow
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ def trace_file(traces_dir: Path, engine: str) -> Path:
 
 
 def outcome_file(traces_dir: Path) -> Path:
-    return traces_dir / "outcomes.jsonl"
+    return traces_dir / OUTCOMES_FILE
 
 
 class Busy(Exception):

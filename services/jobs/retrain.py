@@ -15,9 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common import artifacts
-from services.common.tracestore import read_outcomes_jsonl, read_traces_jsonl
-from services.common.types import OutcomeRow, TraceRow
-from services.jobs.export import outcome_file
+from services.common.tracestore import read_trace_folder
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +26,6 @@ class RetrainResult:
     rows: int  # training rows found (traces for the predictor, outcomes for the router)
     version: str | None  # the version published, None when skipped
     skipped: str | None = None  # why nothing was published
-
-
-def read_exported(traces_dir: Path) -> tuple[list[TraceRow], list[OutcomeRow]]:
-    traces = [row for p in sorted(traces_dir.glob("traces-*.jsonl")) for row in read_traces_jsonl(p)]
-    outcomes_path = outcome_file(traces_dir)
-    return traces, read_outcomes_jsonl(outcomes_path) if outcomes_path.exists() else []
 
 
 def _same_as_current(kind_dir: Path, data_hash: str, backend: str | None) -> str | None:
@@ -50,7 +42,7 @@ def retrain_router(
 ) -> RetrainResult:
     from services.router import training
 
-    traces, outcomes = read_exported(traces_dir)
+    traces, outcomes = read_trace_folder(traces_dir)
     if len(outcomes) < min_rows:
         return RetrainResult(training.KIND, len(outcomes), None, f"{len(outcomes)} outcomes < {min_rows}")
     current = _same_as_current(
@@ -70,7 +62,7 @@ def retrain_predictor(
 ) -> RetrainResult:
     from services.predictor import training
 
-    traces, _ = read_exported(traces_dir)
+    traces, _ = read_trace_folder(traces_dir)
     if len(traces) < min_rows:
         return RetrainResult(training.KIND, len(traces), None, f"{len(traces)} traces < {min_rows}")
     current = _same_as_current(artifact_root / training.KIND, training.predictor_data_hash(traces), backend)
