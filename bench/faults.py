@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         if args.soak:
-            # An engine crash is armed at start, not struck on demand, and the soak's stack runs one
-            # dispatcher: SoakConfig's kinds leave out what it cannot strike.
+            # The soak's stack arms no engine's crash knob and runs one dispatcher: SoakConfig's kinds
+            # leave out what it cannot strike.
             kinds = tuple(k for k in args.kinds if k in SOAK.kinds)
             soak = SoakConfig(minutes=args.minutes, concurrency=args.concurrency, kinds=kinds)
             result = run_soak_once(soak, cfg, state)

@@ -27,7 +27,7 @@ class SoakConfig:
     minutes: float = 20.0
     concurrency: int = 16  # workflows kept in flight
     every_s: tuple[float, float] = (30.0, 60.0)  # a fault every uniform(lo, hi) seconds
-    # Not an engine crash (its knob is armed in one worker at stack start), nor a kind that needs more
+    # Not an engine crash (the soak's stack arms no engine's crash knob), nor a kind that needs more
     # than the one dispatcher.
     kinds: tuple[str, ...] = tuple(k for k in FAULTS if k != "engine_crash" and k not in DISPATCHERS)
 

@@ -59,7 +59,7 @@ class DeltaPublisher:
         self._pending: dict[int, _Pending] = {}
         self._chars = 0
         self._soon = asyncio.Event()
-        self._some = asyncio.Event()  # text is pending: an idle worker's flush loop sleeps until then
+        self._some = asyncio.Event()  # set while _pending holds text: the flush loop sleeps until then
         self._lock = asyncio.Lock()  # one flush at a time keeps each request's deltas in order
         self.flushes = 0
         self.entries = 0
@@ -85,11 +85,12 @@ class DeltaPublisher:
             if source is None:
                 batch, self._pending, self._chars = list(self._pending.values()), {}, 0
                 self._soon.clear()
-                self._some.clear()
             else:
                 one = self._pending.pop(id(source), None)
                 batch = [one] if one is not None else []
                 self._chars -= sum(len(part) for p in batch for part in p.parts)
+            if not self._pending:
+                self._some.clear()
             items = []
             for p in batch:
                 if p.source.stale:
