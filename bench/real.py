@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from bench.predictors import F64, arrival_positions, windowed_kendall
+from services.collect.dataset import RunRecord, read_runs
 from services.common.tokens import approx_tokens
 from services.common.tracestore import read_trace_folder, remaining_tokens
 from services.common.types import OutcomeRow, TraceRow
@@ -66,18 +67,17 @@ PREDICTOR_KEYS = (
 class RealData:
     traces: list[TraceRow]
     outcomes: list[OutcomeRow]
-    runs: list[dict[str, Any]]
+    runs: list[RunRecord]
 
     def problem_of(self) -> dict[str, str]:
         """program id -> problem id (from ``runs.jsonl``, which names both)."""
-        return {r["program_id"]: r["problem_id"] for r in self.runs}
+        return {r.program_id: r.problem_id for r in self.runs}
 
 
 def load(folder: Path = DATA) -> RealData:
     """The folder as ``chimera train --traces`` reads it, plus ``runs.jsonl``."""
     traces, outcomes = read_trace_folder(folder)
-    runs = [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines() if line.strip()]
-    return RealData(traces, outcomes, runs)
+    return RealData(traces, outcomes, read_runs(folder))
 
 
 def problem_folds(problem_ids: Sequence[str], folds: int, seed: int) -> list[list[str]]:
@@ -162,19 +162,19 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return float(np.mean(vals)) if vals else None
 
 
-def pass_rates(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def pass_rates(runs: Sequence[RunRecord]) -> dict[str, Any]:
     """Per engine: verified pass rate overall and per workflow; oracle headroom on tasks run on both."""
     per: dict[str, Any] = {}
-    by_engine: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_engine: dict[str, list[RunRecord]] = defaultdict(list)
     for r in runs:
-        by_engine[r["engine"]].append(r)
+        by_engine[r.engine].append(r)
     for eng, rs in sorted(by_engine.items()):
         wf: dict[str, list[float]] = defaultdict(list)
         for r in rs:
-            wf[r["workflow"]].append(float(r["score"] >= 0.5))
-        passed = sum(float(r["score"] >= 0.5) for r in rs)
+            wf[r.workflow].append(float(r.score >= 0.5))
+        passed = sum(float(r.score >= 0.5) for r in rs)
         per[eng] = {
-            "model": rs[0]["model"],
+            "model": rs[0].model,
             "workflows": len(rs),
             "passed": int(passed),
             "pass_rate": passed / len(rs),
@@ -185,7 +185,7 @@ def pass_rates(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         }
     task: dict[tuple[str, str], dict[str, bool]] = defaultdict(dict)
     for r in runs:
-        task[r["problem_id"], r["workflow"]][r["engine"]] = r["score"] >= 0.5
+        task[r.problem_id, r.workflow][r.engine] = r.score >= 0.5
     engines = sorted(by_engine)
     both = [v for v in task.values() if len(v) == len(engines)]
     oracle: dict[str, Any] = {"tasks_on_all_engines": len(both)}
@@ -268,7 +268,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "prior": "per-model success rate of the train part",
         },
         "small_sample": (
-            f"{len(data.runs)} verified workflows on {len({r['problem_id'] for r in data.runs})} problems: a"
+            f"{len(data.runs)} verified workflows on {len({r.problem_id for r in data.runs})} problems: a"
             " small sample. Each held-out fold has a handful of problems, so per-fold figures swing widely;"
             " read the spread across folds, not one number."
         ),
@@ -281,16 +281,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def counts(data: RealData) -> dict[str, Any]:
     per: dict[str, dict[str, int]] = {}
-    for eng in sorted({r["engine"] for r in data.runs}):
-        rs = [r for r in data.runs if r["engine"] == eng]
+    for eng in sorted({r.engine for r in data.runs}):
+        rs = [r for r in data.runs if r.engine == eng]
         per[eng] = {
             "workflows": len(rs),
-            "problems": len({r["problem_id"] for r in rs}),
+            "problems": len({r.problem_id for r in rs}),
             "stages": sum(1 for t in data.traces if t.engine == eng),
         }
     return {
         "workflows": len(data.runs),
-        "problems": len({r["problem_id"] for r in data.runs}),
+        "problems": len({r.problem_id for r in data.runs}),
         "outcomes": len(data.outcomes),
         "trace_rows": len(data.traces),
         "per_engine": per,
