@@ -219,9 +219,12 @@ class _Sim:
         specs: Mapping[str, EngineSpec],
         policies: Mapping[str, Policy],
         tenant_of: Callable[[Job], tuple[str, int]] | None = None,
+        pin_of: Callable[[Job], str | None] | None = None,
     ) -> None:
         self.config = config
         self.tenant_of = tenant_of or (lambda job: ("", 1))  # (tenant, weight); "" without tenants
+        # The model a job's request names (the front door's ``model`` field), as the dispatcher honours it.
+        self.pin_of = pin_of or (lambda job: None)
         self.knobs = config.knobs()
         self.variant = VARIANTS[config.variant]
         self.policy = _fed(policies[self.variant.policy], self.variant)
@@ -273,7 +276,7 @@ class _Sim:
             lambda model: _size(job, model, stage),
             _confidence(job, self.variant.router) if stage == 0 else {},
             now,
-            None,
+            self.pin_of(job),
             *self.tenant_of(job),
         )
         route = placed.route
@@ -357,14 +360,16 @@ def simulate(
     policies: Mapping[str, Policy] = POLICIES,
     tenant_of: Callable[[Job], tuple[str, int]] | None = None,
     arrivals_s: Sequence[float] | None = None,
+    pin_of: Callable[[Job], str | None] | None = None,
 ) -> SimResult:
     """Run ``jobs`` arriving at ``config.rps`` through the pool; every workflow runs to completion.
 
     ``policies`` is the product's registry; a test may pass a wrapped copy to count the calls.
     ``tenant_of``: each job's (tenant, fair-share weight), for the fairness benchmark; ``arrivals_s``: the
-    jobs' arrival times (sorted) instead of a Poisson process at ``config.rps``.
+    jobs' arrival times (sorted) instead of a Poisson process at ``config.rps``; ``pin_of``: the model each
+    job is pinned to (None: the policy chooses), as a request naming a model is in the live stack.
     """
-    return _Sim(config, specs, policies, tenant_of).run(jobs, arrivals_s)
+    return _Sim(config, specs, policies, tenant_of, pin_of).run(jobs, arrivals_s)
 
 
 @dataclass(frozen=True, slots=True)
