@@ -110,8 +110,16 @@ def http_sender(client: httpx.AsyncClient, p: Phase) -> Send:
 
     async def send(t: Tally) -> Outcome:
         t0, opened = time.perf_counter(), False
+        connected: list[str] = []  # httpcore's trace: a request on a kept-alive connection opens none
+
+        async def trace(name: str, info: Any) -> None:
+            if name.startswith("connection.connect_tcp"):
+                connected.append(name)
+
         try:
-            async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            async with client.stream(
+                "POST", "/v1/chat/completions", json=body, extensions={"trace": trace}
+            ) as r:
                 if r.status_code != 200:
                     await r.aread()
                     return Outcome(f"HTTP {r.status_code}", retry_after=r.headers.get("retry-after"))
@@ -130,7 +138,11 @@ def http_sender(client: httpx.AsyncClient, p: Phase) -> Send:
                 out.e2e_s = time.perf_counter() - t0
                 return out
         except httpx.HTTPError as e:
-            return Outcome(f"transport {type(e).__name__}")
+            conn = "a new connection" if connected else "a kept-alive connection"
+            detail = (
+                f"{e!r} ({e.__cause__ or e.__context__!r}) on {conn} after {time.perf_counter() - t0:.2f} s"
+            )
+            return Outcome(f"transport {type(e).__name__}", detail=detail)
         finally:
             if opened:
                 t.open_now -= 1

@@ -297,9 +297,11 @@ class HttpServer:
         grace_s: float,
         limit: int | None = None,
         transport: tls.ServerTls | None = None,
+        keepalive_s: int = 120,
     ) -> None:
         self._app, self._host, self._port, self._grace_s = app, host, port, grace_s
         self._limit = limit
+        self._keepalive_s = keepalive_s
         self._tls = transport
         self._server: _EmbeddedUvicorn | None = None
         self._task: asyncio.Task[None] | None = None
@@ -318,6 +320,7 @@ class HttpServer:
             # refuses first with 429 and a Retry-After.
             limit_concurrency=self._limit,
             backlog=4096,
+            timeout_keep_alive=self._keepalive_s,  # see NOTE(keepalive) in config.py
             **tls.uvicorn_ssl(self._tls),
         )
         self._server = _EmbeddedUvicorn(config)
@@ -345,4 +348,6 @@ def build_http_server(dispatcher: Dispatcher) -> HttpServer:
     s = dispatcher.settings
     app = OpenAIFrontDoor(dispatcher).app()
     transport = tls.server_tls(s.tls_cert_file, s.tls_key_file)
-    return HttpServer(app, s.http_host or s.host, s.http_port, s.grace_s, s.door_limit(), transport)
+    return HttpServer(
+        app, s.http_host or s.host, s.http_port, s.grace_s, s.door_limit(), transport, s.http_keepalive_s
+    )
