@@ -97,3 +97,20 @@ async def test_open_tenant_has_no_limits_unless_set(redis_client: Redis, keys: K
     with pytest.raises(Overloaded):
         async with q.charge(_req("acme~p1", "acme~p1:0"), new=True):
             pass
+
+
+@pytest.mark.redis
+async def test_a_charge_given_back_is_refunded_once(redis_client: Redis, keys: Keys) -> None:
+    """A retry that re-attaches to its first call's request gives its charge back (the dispatcher calls
+    ``give_back``); giving back twice refunds once."""
+    cost = charge_of(_req("p", "r"))
+    await TenantStore(redis_client, keys).set("acme", TenantLimits(tokens_per_minute=cost * 10))
+    q = _quotas(redis_client, keys)
+    async with q.charge(_req("acme~p1", "acme~p1:0"), new=True):
+        pass
+    async with q.charge(_req("acme~p1", "acme~p1:0"), new=False) as bill:
+        await bill.give_back()
+        await bill.give_back()
+    tokens = await redis_client.hget(keys.tenant_tokens("acme"), "cur")
+    assert int(tokens or 0) in (cost, 0)  # one charge left (0 only if the minute turned in between)
+    assert await redis_client.zcard(keys.tenant_workflows("acme")) == 1

@@ -78,3 +78,26 @@ async def test_over_quota_is_429_and_resource_exhausted_while_another_tenant_is_
                 await c.generate("hi", program_id=f"f{i}", stage=0, workflow="wf", sampling=SAMPLING)
     finally:
         await redis.aclose()
+
+
+async def test_a_retry_that_re_attaches_is_not_charged_twice(stack: Stack) -> None:
+    redis = Redis.from_url(stack.redis_url, decode_responses=True)
+    keys = Keys(stack.key_prefix)
+    try:
+        key = await ApiKeyStore(redis, keys).create("retrier")
+        tenants = TenantStore(redis, keys)
+        await tenants.set("retrier", TenantLimits(tokens_per_minute=10_000))
+        async with AsyncClient(stack.dispatcher_addr, api_key=key.token, retry=NO_RETRY) as c:
+            first = await c.generate(
+                "hi", program_id="r1", stage=0, workflow="wf", sampling=SAMPLING, request_id="r1-s0"
+            )
+            charged = int(await redis.hget(keys.tenant_tokens("retrier"), "cur") or 0)
+            again = await c.generate(
+                "hi", program_id="r1", stage=0, workflow="wf", sampling=SAMPLING, request_id="r1-s0"
+            )
+        assert again.text == first.text  # the same request, streamed again
+        assert charged > 0
+        after = int(await redis.hget(keys.tenant_tokens("retrier"), "cur") or 0)
+        assert after in (charged, 0), "the re-attached retry was charged again"  # 0: the minute turned
+    finally:
+        await redis.aclose()

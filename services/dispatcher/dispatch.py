@@ -176,8 +176,11 @@ class Dispatcher:
                 program, engines = await self._state(t, own.program_id)
                 req = admit(own, program, self.settings, self._limits, self._clock())
                 engines = await self.quotas.permitted(req, engines)  # a tenant's allowed models only
-                async with self.quotas.charge(req, new=not program):  # given back if the dispatch is refused
-                    return await self._dispatch(req, program, engines, t, started, claim)
+                async with self.quotas.charge(req, new=not program) as bill:  # given back if refused
+                    d = await self._dispatch(req, program, engines, t, started, claim)
+                    if d.branch == "reattach":
+                        await bill.give_back()  # the first call paid for this request
+                    return d
 
         return await self._counted(run())
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -70,6 +70,18 @@ class FairTerm:
 def charge_of(req: StageRequest) -> int:
     """The tokens a stage is charged against tokens_per_minute (see NOTE(charge))."""
     return approx_tokens(req.prompt_text()) + req.sampling.max_tokens
+
+
+class Bill:
+    """What one dispatch was charged; given back at most once."""
+
+    def __init__(self, refund: Callable[[], Awaitable[None]] | None) -> None:
+        self._refund = refund
+
+    async def give_back(self) -> None:
+        refund, self._refund = self._refund, None
+        if refund is not None:
+            await refund()
 
 
 class Quotas:
@@ -144,14 +156,15 @@ class Quotas:
         return engines if allowed is None else [e for e in engines if e.model in allowed]
 
     @contextlib.asynccontextmanager
-    async def charge(self, req: StageRequest, new: bool) -> AsyncIterator[None]:
+    async def charge(self, req: StageRequest, new: bool) -> AsyncIterator[Bill]:
         """Admit ``req`` (tenant-scoped ids) against its tenant's quotas and charge it, around its dispatch;
         raises ``Overloaded`` (nothing charged) when over one. A dispatch refused afterwards gets its charge
-        back. Tenant "" without limits costs no Redis call."""
+        back, and so does one that turns out to charge nothing new (``Bill.give_back``: a retry that
+        re-attached to the request its first call paid for). Tenant "" without limits costs no Redis call."""
         tenant = tenant_of(req.request_id)
         q = await self.quota(tenant)
         if not tenant and q.unlimited:
-            yield
+            yield Bill(None)
             return
         keys = [self._k.tenant_workflows(tenant), self._k.tenant_tokens(tenant)]
         cost = charge_of(req)
@@ -177,10 +190,15 @@ class Quotas:
                 f"max_tokens), over its quota tokens_per_minute={q.tokens_per_minute}",
                 value / 1000.0,
             )
-        try:
-            yield
-        except BaseException:
+
+        async def refund() -> None:
             await guarded(self._refund(keys=keys, args=[req.program_id, detail, cost, value]))
+
+        bill = Bill(refund)
+        try:
+            yield bill
+        except BaseException:
+            await bill.give_back()
             raise
 
     async def fair_term(self, engine: str, request_id: str) -> FairTerm:
