@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from services.sdk import AsyncClient, ChimeraError, Completion, Sampling
+from chimera_client import NO_RETRY, AsyncClient, ChimeraError, Completion, Sampling
 
 PROMPT = "Write a function that returns the n-th Fibonacci number."
 
@@ -223,7 +223,9 @@ async def run(p: Phase) -> dict[str, Any]:
     t = Tally()
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
     async with (
-        AsyncClient(p.grpc_addr, default_timeout_s=p.timeout_s) as grpc_client,
+        # No SDK retries: the benchmark counts the door's own answers (a retried refusal would be hidden
+        # and its wait counted as latency), as the HTTP client here does not retry either.
+        AsyncClient(p.grpc_addr, default_timeout_s=p.timeout_s, retry=NO_RETRY) as grpc_client,
         httpx.AsyncClient(base_url=f"http://{p.http_addr}", timeout=p.timeout_s, limits=limits) as http,
     ):
         send = grpc_sender(grpc_client, p) if p.door == "grpc" else http_sender(http, p)
