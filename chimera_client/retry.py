@@ -12,6 +12,7 @@ stays down still ends the call.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from dataclasses import dataclass
 from types import TracebackType
@@ -25,6 +26,9 @@ class RetryPolicy:
     default_wait_s: float = 1.0  # when the server said nothing about when to come back
     max_wait_s: float = 30.0  # one wait, at most (a far-off Retry-After is re-asked sooner)
     unavailable: bool = True  # also retry UNAVAILABLE (only safe when every try carries the same request_id)
+    # Each wait is stretched by a random fraction of itself up to this much: clients refused together (a
+    # burst over the bound) are told the same Retry-After and would otherwise all come back at once.
+    jitter: float = 0.5
 
     def retrying(self) -> Tries:
         """``async for attempt in policy.retrying(): with attempt: ...`` re-runs the block while it raises
@@ -39,9 +43,11 @@ class RetryPolicy:
         return isinstance(exc, OverloadedError) or (self.unavailable and isinstance(exc, UnavailableError))
 
     def wait_s(self, exc: BaseException) -> float:
-        """How long to wait after ``exc``: what the server said, else the default, at most ``max_wait_s``."""
+        """How long to wait after ``exc``: what the server said, else the default, at most ``max_wait_s``;
+        then stretched by up to ``jitter`` of itself (never shorter than the server said)."""
         told = exc.retry_after_s if isinstance(exc, ChimeraError) else None
-        return min(self.max_wait_s, told if told is not None else self.default_wait_s)
+        base = min(self.max_wait_s, told if told is not None else self.default_wait_s)
+        return base * (1.0 + random.uniform(0.0, max(0.0, self.jitter)))
 
 
 class Tries:

@@ -74,3 +74,11 @@ def test_the_last_wait_is_cut_to_the_budget() -> None:
     with pytest.raises(OverloadedError):
         asyncio.run(_run(policy, busy))
     assert time.monotonic() - t0 < 1.0  # one wait cut to what was left of 0.3 s, then the error
+
+
+def test_waits_are_spread_so_refused_clients_do_not_return_together() -> None:
+    busy = OverloadedError("RESOURCE_EXHAUSTED", "full", 2.0)
+    waits = [RetryPolicy().wait_s(busy) for _ in range(200)]
+    assert all(2.0 <= w <= 3.0 for w in waits)  # never before the Retry-After, at most half of it later
+    assert max(waits) - min(waits) > 0.5
+    assert RetryPolicy(jitter=0.0).wait_s(busy) == 2.0
