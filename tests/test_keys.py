@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from services.common import queue_scripts
+from services.common import program_scripts, queue_scripts
 from services.common.keys import EngineField, Keys, ProfileField, ProgramField, RequestField
 
 pytestmark = pytest.mark.unit
@@ -96,7 +96,7 @@ def test_the_lua_scripts_spell_only_declared_fields() -> None:
     states = {"queued", "running", "done", "failed", "cancelled"}  # values of the state field, not names
 
     quoted: set[str] = set()
-    for name, script in vars(queue_scripts).items():
+    for name, script in [*vars(queue_scripts).items(), *vars(program_scripts).items()]:
         if name.isupper() and isinstance(script, str):
             for call in re.findall(r"redis\.call\('H(?:SET|GET|MGET|INCRBY|DEL)'[^)]*\)", script):
                 quoted |= set(re.findall(r"'([a-z_0-9]+)'", call)) - {

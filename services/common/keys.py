@@ -240,8 +240,8 @@ class Keys:
 
 
 # Hash field names, beside the keys they belong to: Python code reads and writes them through these names.
-# The Lua scripts in ``queue_scripts`` spell the same strings (Lua cannot import them); tests/test_keys.py
-# pins every one, so a rename is deliberate.
+# The Lua scripts in ``queue_scripts`` and ``program_scripts`` spell the same strings (Lua cannot import
+# them); tests/test_keys.py pins every one, so a rename is deliberate.
 
 
 class EngineField:

@@ -19,6 +19,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 from redis.typing import EncodableT, KeyT, StreamIdT
 
+from services.common import program_scripts as program_lua
 from services.common import queue_scripts as lua
 from services.common.keys import Keys, RequestField
 from services.common.queue_records import (
@@ -84,11 +85,11 @@ class QueueStore:
         self._cancel = redis.register_script(lua.CANCEL)
         self._reap = redis.register_script(lua.REAP)
         self._return_claims = redis.register_script(lua.RETURN_CLAIMS)
-        self._assign = redis.register_script(lua.ASSIGN)
-        self._credit = redis.register_script(lua.CREDIT)
+        self._assign = redis.register_script(program_lua.ASSIGN)
+        self._credit = redis.register_script(program_lua.CREDIT)
         self._publish = redis.register_script(lua.PUBLISH)
         self._reattach = redis.register_script(lua.REATTACH)
-        self._unassign = redis.register_script(lua.UNASSIGN)
+        self._unassign = redis.register_script(program_lua.UNASSIGN)
 
     @property
     def keys(self) -> Keys:

@@ -18,8 +18,8 @@ from typing import cast
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from services.common.program_scripts import LEASE_HOLD, LEASE_RELEASE
 from services.common.queue import QueueStore
-from services.common.queue_scripts import LEASE_HOLD, LEASE_RELEASE
 
 log = logging.getLogger(__name__)
 

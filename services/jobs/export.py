@@ -32,7 +32,7 @@ from pathlib import Path
 import redis
 
 from services.common.keys import Keys
-from services.common.queue_scripts import EXPORT_COMMIT, LEASE_RELEASE
+from services.common.program_scripts import EXPORT_COMMIT, LEASE_RELEASE
 from services.common.tracestore import OUTCOMES_FILE
 from services.common.types import OutcomeRow, TraceRow
 
