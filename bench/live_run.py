@@ -151,6 +151,7 @@ def _profiles(stack: Stack) -> dict[str, str]:
 @contextlib.contextmanager
 def private_redis(state: Path) -> Iterator[str]:
     """One private redis-server for every policy's stack (as ``running_stack`` starts its own); its URL."""
+    state = state.resolve()  # redis-server changes into --dir: a relative socket path would not bind
     spec = PrivateRedisSpec(state / "redis")
     spec.prepare()
     sup = Supervisor()
