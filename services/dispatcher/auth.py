@@ -17,12 +17,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cachetools import TTLCache
+
 from services.common.apikeys import ApiKeyStore, digest
 from services.dispatcher.errors import Unauthenticated, guarded
 
 log = logging.getLogger(__name__)
 
-_CACHE_MAX = 10_000  # distinct keys remembered at once; past it the cache starts afresh
+_CACHE_MAX = 10_000  # distinct keys remembered at once; past it the least recently used go first
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +74,8 @@ class Authenticator:
     ) -> None:
         """``store`` None: the dispatcher runs open and every call is ``OPEN``."""
         self._store = store
-        self._cache_s = cache_s
-        self._clock = clock
-        self._cache: dict[str, tuple[float, Principal | None, str]] = {}
+        # key digest -> (principal, or None with why the key is refused); ttl 0 caches nothing
+        self._cache: TTLCache[str, tuple[Principal | None, str]] = TTLCache(_CACHE_MAX, cache_s, timer=clock)
 
     @property
     def required(self) -> bool:
@@ -85,19 +86,17 @@ class Authenticator:
         if self._store is None:
             return OPEN
         token = bearer(authorization)
-        now, d = self._clock(), digest(token)
+        d = digest(token)
         hit = self._cache.get(d)
-        if hit is None or hit[0] <= now:
+        if hit is None:
             record = await guarded(self._store.lookup(token))
             if record is None:
-                hit = (now + self._cache_s, None, "the API key is not valid")
+                hit = (None, "the API key is not valid")
             elif record.revoked:
-                hit = (now + self._cache_s, None, f"API key {record.key_id} was revoked")
+                hit = (None, f"API key {record.key_id} was revoked")
             else:
-                hit = (now + self._cache_s, Principal(record.tenant, record.key_id), "")
-            if len(self._cache) >= _CACHE_MAX:
-                self._cache.clear()
+                hit = (Principal(record.tenant, record.key_id), "")
             self._cache[d] = hit
-        if hit[1] is None:
-            raise Unauthenticated(hit[2])
-        return hit[1]
+        if hit[0] is None:
+            raise Unauthenticated(hit[1])
+        return hit[0]

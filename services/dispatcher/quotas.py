@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import cast
 
+from cachetools import TTLCache
 from redis.asyncio import Redis
 from redis.typing import EncodableT
 
@@ -42,7 +43,7 @@ from services.dispatcher.tenancy import tenant_of
 from services.policy.fairness import DEFAULT_WEIGHT, EngineShare, fairness_tokens
 
 WORKFLOW_RETRY_S = 1.0
-_CACHE_MAX = 10_000  # distinct tenants remembered at once; past it the cache starts afresh
+_CACHE_MAX = 10_000  # distinct tenants remembered at once; past it the least recently used go first
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,11 +101,9 @@ class Quotas:
         self._k = keys
         self._store = TenantStore(redis, keys)
         self._defaults = defaults
-        self._cache_s = cache_s
         self._lapse_s = program_ttl_s
         self._cap = fair_cap_tokens
-        self._clock = clock
-        self._cache: dict[str, tuple[float, Quota]] = {}
+        self._cache: TTLCache[str, Quota] = TTLCache(_CACHE_MAX, cache_s, timer=clock)  # ttl 0: none
         self._quota = redis.register_script(lua.QUOTA)
         self._refund = redis.register_script(lua.REFUND)
 
@@ -121,9 +120,8 @@ class Quotas:
 
     async def quota(self, tenant: str) -> Quota:
         """The tenant's limits in force, cached for ``cache_s``."""
-        now = self._clock()
         hit = self._cache.get(tenant)
-        if hit is None or hit[0] <= now:
+        if hit is None:
             record = await guarded(self._store.get(tenant)) or TenantLimits()
             lim = record.over(self._defaults)
             models = None if lim.models is None else frozenset(lim.models)
@@ -132,11 +130,8 @@ class Quotas:
             # Tenant "" (the dispatcher runs open) has no limits unless an operator set some for it.
             if not tenant and record == TenantLimits():
                 q = Quota(0, 0, DEFAULT_WEIGHT)
-            if len(self._cache) >= _CACHE_MAX:
-                self._cache.clear()
-            hit = (now + self._cache_s, q)
-            self._cache[tenant] = hit
-        return hit[1]
+            self._cache[tenant] = hit = q
+        return hit
 
     async def permitted(self, req: StageRequest, engines: list[EngineSnapshot]) -> list[EngineSnapshot]:
         """The engines ``req``'s tenant may use (``visible``); a model pinned outside its list is
