@@ -154,8 +154,22 @@ def _rows(
             rates,
         )
         rows[n] = {"live": lv, "sim": sm}
-        diffs[n] = diff(lv, sm)
+        diffs[n] = diff(lv, sm) | {"outcome_flips": _flips(runs[n], done)}
     return rows, diffs, skipped
+
+
+def _flips(run: PolicyRun, alone: Mapping[str, PolicyRun]) -> int:
+    """Workflows whose verified outcome differs from the same task's alone run on the model that served
+    it: temperature 0 is not bitwise repeatable under different batches on the CPU, and the simulator
+    scores every task by its alone outcome, so these are the live-sim score differences routing can't
+    explain."""
+    by_model = {r.workflows[0].model: r for r in alone.values() if r.workflows}
+    n = 0
+    for w in run.workflows:
+        ref = by_model.get(w.model)
+        if ref is not None and not w.error and (w.score or 0.0) != (ref.workflows[w.index].score or 0.0):
+            n += 1
+    return n
 
 
 def build(

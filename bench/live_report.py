@@ -117,8 +117,8 @@ def markdown(result: Mapping[str, Any], rows: Mapping[str, Pair], diffs: Mapping
         "",
         "| policy | workflows | live pass | live E2E p50 s | live E2E mean s | live share "
         f"{slow_model} | live mean queue s ({slow_model}) | sim pass | sim pass at rates | sim E2E p50 s |"
-        " sim E2E mean s | sim share | pass live-sim | E2E mean live-sim |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        " sim E2E mean s | sim share | pass live-sim | E2E mean live-sim | outcome flips vs alone |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n, p in rows.items():
         lv, sm, d = p["live"], p.get("sim"), diffs.get(n)
@@ -130,9 +130,9 @@ def markdown(result: Mapping[str, Any], rows: Mapping[str, Pair], diffs: Mapping
             + (
                 f" {sm.score:.3f} | {_f(sm.score_at_rates)} | {sm.e2e_p50_s:.0f} | {sm.e2e_mean_s:.0f} |"
                 f" {sm.share.get(slow_model, 0.0):.2f} | {d['score']:+.3f} | {d['e2e_mean_s']:+.0f} s"
-                f" ({_f(d['e2e_mean_rel'], '+.0%')}) |"
+                f" ({_f(d['e2e_mean_rel'], '+.0%')}) | {d.get('outcome_flips', '–')} |"
                 if sm is not None and d is not None
-                else " – | – | – | – | – | – | – |"
+                else " – | – | – | – | – | – | – | – |"
             )
         )
     lines += ["", "## Must show", ""]
@@ -165,6 +165,10 @@ def markdown(result: Mapping[str, Any], rows: Mapping[str, Pair], diffs: Mapping
             f" ({_f(ms['gain_rel_diff'], '+.0%')} of the simulated gain)."
         )
     lines += [
+        "",
+        "`outcome flips vs alone`: workflows whose verified outcome differs from the same task's alone run"
+        " on the model that served it (temperature 0 is not repeatable across batch compositions on the CPU);"
+        " the simulator cannot see these.",
         "",
         "Simulator (`bench/sim.py`, as it is): fed each engine's profile as its worker measured it, the KV"
         " tokens of its 1 GiB cache, the tasks' stage lengths, scores and the dispatcher's predictions from"
