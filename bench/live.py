@@ -300,6 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"{stored} holds another config ({old['config']}); pass --fresh to start over")
     runs = {n: _run_from(d) for n, d in old.get("runs", {}).items()}
     command = "python -m bench.live " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.report_only and old.get("command"):
+        command = old["command"]  # the figures are still that run's
     problems = _problems(config)
     if not args.report_only:
         setup = LiveSetup(
