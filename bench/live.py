@@ -262,7 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--pool", default="qwen-coder-3", help="pool YAML or embedded pool name")
     ap.add_argument("--engines", nargs="+", default=["coder-0_5b", "coder-1_5b"])
     ap.add_argument("--policies", nargs="+", help="subset to run (default: all, alone runs first)")
-    # Sized for 2 cores (about 50 minutes for the default policies): on the committed dataset the 1.5B engine
+    # Sized for 2 cores (about 60 minutes for the default policies, measured): on the committed dataset
+    # the 1.5B engine
     # decodes about 8 tokens/s over its 4 sequences and the 0.5B about 19, so a 128+256-token workflow
     # costs the 1.5B about 40 s of its capacity. At 0.07 arrivals/s the 1.5B alone gets about 2.8 times
     # what it can serve, and half the trace (least-loaded, round-robin) still about 1.4 times: its queue
