@@ -32,13 +32,14 @@ from bench.live_plan import (
     parse_policy,
     pins,
 )
-from bench.live_report import Pair, markdown, must_show, to_json
+from bench.live_report import Pair, markdown, must_show, plot, to_json
 from bench.live_run import (
     LiveSetup,
     PolicyRun,
     StageRecord,
     WorkflowRecord,
     private_redis,
+    profile_alone,
     run_policy,
     train_models,
 )
@@ -206,6 +207,7 @@ def write(out: Path, result: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     md = result.pop("markdown")
     (out / f"{RESULT}.md").write_text(md)
+    plot(result["policies"], out / f"{RESULT}.png")
     tmp = out / f".{RESULT}.json.tmp"
     tmp.write_text(json.dumps(result, indent=1) + "\n")
     tmp.replace(out / f"{RESULT}.json")
@@ -233,6 +235,7 @@ def run_all(
     models = {e.id: e.model for e in setup.pool.engines}
     offsets = arrival_offsets(config.tasks, config.rate, config.seed)
     with private_redis(setup.state_dir) as redis_url:
+        profile_alone(setup, redis_url)
         for name in todo:
             alone = {e: runs[f"{ALONE}{e}"] for e in engines if f"{ALONE}{e}" in runs}
             speed = {e: json.loads(r.profiles[e])["decode_ms_per_token"] for e, r in alone.items()}
@@ -262,15 +265,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--pool", default="qwen-coder-3", help="pool YAML or embedded pool name")
     ap.add_argument("--engines", nargs="+", default=["coder-0_5b", "coder-1_5b"])
     ap.add_argument("--policies", nargs="+", help="subset to run (default: all, alone runs first)")
-    # Sized for 2 cores (about 60 minutes for the default policies, measured): on the committed dataset
-    # the 1.5B engine
-    # decodes about 8 tokens/s over its 4 sequences and the 0.5B about 19, so a 128+256-token workflow
-    # costs the 1.5B about 40 s of its capacity. At 0.07 arrivals/s the 1.5B alone gets about 2.8 times
-    # what it can serve, and half the trace (least-loaded, round-robin) still about 1.4 times: its queue
-    # forms under every policy that sends it half the load or more.
-    ap.add_argument("--tasks", type=int, default=12)
+    # Sized for 2 cores (about 80 minutes for the default policies, estimated from stop 22's run): the
+    # 1.5B engine decodes about 8 tokens/s over its 4 sequences and the 0.5B about 19, so a 128+256-token
+    # workflow costs the 1.5B about 40 s of its capacity and the 0.5B about 17 s; the pool serves about
+    # 0.1 workflows/s. Stop 22 ran 12 tasks at 0.07/s: only the 1.5B alone formed a queue, so the queue
+    # order (the half of Chimera that should cut latency) never acted. At 0.12/s for 16 tasks both engines
+    # queue under every policy for the length of the burst, as the issue asks ("a load where the strong
+    # model's queue forms").
+    ap.add_argument("--tasks", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--rate", type=float, default=0.07, help="workflow arrivals per second")
+    ap.add_argument("--rate", type=float, default=0.12, help="workflow arrivals per second")
     ap.add_argument("--max-tokens", type=int, nargs="+", default=[128, 256], help="per stage")
     ap.add_argument("--data", type=Path, default=Path("bench/data/real"))
     ap.add_argument("--state-dir", type=Path, default=Path(".chimera/live"))

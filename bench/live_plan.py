@@ -71,6 +71,7 @@ def default_policies(engines: Sequence[str]) -> list[str]:
         ORACLE,
         ROUND_ROBIN,
         "chimera-tau8",
+        "chimera-plus-tau2",
     ]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from bench.live_plan import ALONE, LEAST_LOADED, ORACLE
@@ -28,7 +29,9 @@ def _verdict(rows: Mapping[str, Pair], side: str) -> dict[str, Any] | None:
     """Chimera's tau sweep against least-loaded, the strongest model alone and the oracle, on one side."""
     got = {n: p[side] for n, p in rows.items() if p.get(side) is not None}
     ll = got.get(LEAST_LOADED)
-    sweep = {n: o for n, o in got.items() if n.startswith("chimera-tau") and o is not None}
+    # Both of Chimera's rules take part: the paper's (chimera-tau<x>) and the improved one the product also
+    # ships (chimera-plus-tau<x>); the best's name says which won.
+    sweep = {n: o for n, o in got.items() if n.startswith(("chimera-tau", "chimera-plus-tau")) and o}
     if ll is None or not sweep:
         return None
     per_tau = {
@@ -170,7 +173,9 @@ def markdown(result: Mapping[str, Any], rows: Mapping[str, Pair], diffs: Mapping
         " on the model that served it (temperature 0 is not repeatable across batch compositions on the CPU);"
         " the simulator cannot see these.",
         "",
-        "Simulator (`bench/sim.py`, as it is): fed each engine's profile as its worker measured it, the KV"
+        "Simulator (`bench/sim.py`, as it is): fed each engine's profile as its worker measured it (each"
+        " engine profiled once before the first policy, alone on the machine and pinned to its core:"
+        " `bench.live_run.profile_alone`), the KV"
         " tokens of its 1 GiB cache, the tasks' stage lengths, scores and the dispatcher's predictions from"
         " the alone runs, the served router's confidences, the same arrivals and pins. `sim pass` scores each"
         " task as it scored alone on the model the simulator routes it to; `sim pass at rates` uses the"
@@ -184,3 +189,39 @@ def markdown(result: Mapping[str, Any], rows: Mapping[str, Pair], diffs: Mapping
     if result.get("not_run"):
         lines += ["", f"Not run in this result: {', '.join(result['not_run'])}."]
     return "\n".join(lines) + "\n"
+
+
+def plot(policies: Mapping[str, Any], path: Path) -> None:
+    """The frontier: whole-workflow score against mean E2E per policy, live (filled) and simulated
+    (hollow, joined to its live point), so the simulator's error reads off the arrows. ``policies`` is the
+    JSON's ``policies`` (``to_json``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for i, (name, pair) in enumerate(sorted(policies.items())):
+        live, sim = pair.get("live"), pair.get("sim")
+        color = f"C{i % 10}"
+        if live is not None:
+            marker = "*" if name.startswith("chimera") else "o"
+            ax.plot(live["e2e_mean_s"], live["score"], marker, color=color, markersize=9, label=name)
+        if sim is not None:
+            ax.plot(sim["e2e_mean_s"], sim["score"], "o", mfc="none", color=color, markersize=7)
+            if live is not None:
+                ax.annotate(
+                    "",
+                    (sim["e2e_mean_s"], sim["score"]),
+                    (live["e2e_mean_s"], live["score"]),
+                    arrowprops={"arrowstyle": "->", "color": color, "alpha": 0.4},
+                )
+    ax.set_xlabel("mean end-to-end latency per workflow (s)")
+    ax.set_ylabel("verified pass rate")
+    ax.set_title("Live frontier on the real pool (filled: live, hollow: simulator)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
