@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 
 from bench.predictors import F64, arrival_positions, windowed_kendall
+from bench.real_merge import companions
+from bench.real_merge import markdown as companion_markdown
 from services.collect.dataset import RunRecord, read_runs
 from services.common.tokens import approx_tokens
 from services.common.tracestore import read_trace_folder, remaining_tokens
@@ -387,6 +389,7 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
             f"either passes {o['either_pass_rate']:.3f} vs {alone} alone (headroom over the best single"
             f" engine {o['headroom_over_best_single']:.3f})."
         )
+    lines += companion_markdown(result)
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -400,6 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     result = run(args)
+    result |= companions(args.out)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "real.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     write_markdown(result, args.out / "real.md")
