@@ -32,7 +32,7 @@ from typing import Any
 
 from bench.learn_jobs import JobsSetup, jobs_worker, retrain_and_reload, router_version
 from bench.learn_plan import map_examples, split
-from bench.learn_report import LoopRecord, build, floors, markdown, score_version
+from bench.learn_report import LoopRecord, beside_live, build, floors, markdown, score_version
 from bench.learn_serve import serve_labels, serving_stack
 from bench.live_plan import WORKFLOW, arrival_offsets
 from bench.live_run import PROFILES, LiveSetup, private_redis, profile_alone, run_policy
@@ -241,6 +241,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
             jobs=tuple(jobs),
             versions=versions,
             timings_s=timings,
+            beside=beside_live(args.out / "real_live.json", config),
         )
     )
 

@@ -10,6 +10,8 @@ rate whatever it was fitted on.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -92,6 +94,32 @@ def eval_summary(run: PolicyRun) -> dict[str, Any]:
     }
 
 
+def beside_live(path: Path, config: Mapping[str, Any]) -> dict[str, Any]:
+    """``bench.live``'s policies on the same first workflows of the same trace (its records cut to the eval's
+    length), when ``path`` holds a run of that trace on the same engines; {} otherwise. Another run, at
+    another time, its router trained offline on ``bench/data/real``: context, not part of the loop."""
+    from bench.live import _run_from  # the stored records' reader; bench.live imports nothing of this loop
+
+    if not path.exists():
+        return {}
+    d = json.loads(path.read_text())
+    c, n = d.get("config", {}), int(config["eval_tasks"])
+    same = all(c.get(k) == config[k] for k in ("seed", "rate", "max_tokens", "engines"))
+    if not same or c.get("workflow") != config["eval_workflow"] or c.get("tasks", 0) < n:
+        return {}
+    out: dict[str, Any] = {
+        "source": str(path),
+        "command": d.get("command"),
+        "tasks": c["tasks"],
+        "policies": {},
+    }
+    for name, raw in d.get("runs", {}).items():
+        run = _run_from(raw)
+        cut = dataclasses.replace(run, workflows=run.workflows[:n])
+        out["policies"][name] = {k: v for k, v in eval_summary(cut).items() if k != "workflows"}
+    return out
+
+
 def _delta(after: float | None, before: float | None) -> float | None:
     return None if after is None or before is None else round(after - before, 4)
 
@@ -146,6 +174,7 @@ class LoopRecord:
     jobs: Sequence[JobRun]
     versions: Mapping[str, Any]
     timings_s: Mapping[str, float]
+    beside: Mapping[str, Any]  # beside_live's answer
 
 
 def flips(before: Mapping[str, Any], after: Mapping[str, Any]) -> int:
@@ -212,6 +241,7 @@ def build(rec: LoopRecord) -> dict[str, Any]:
         "versions": dict(rec.versions),
         "timings_s": {k: round(v, 1) for k, v in rec.timings_s.items()},
         "summary": summary(rec.maps, b, a, label_counts(rec.learned_outcomes), rec.versions),
+        "bench_live": dict(rec.beside),
     }
     result["notes"] = _notes(result)
     return result
@@ -280,6 +310,27 @@ def markdown(result: Mapping[str, Any]) -> str:
             f"| {name} | `{v[f'router_served_{name}']}` | {e['score']:.3f} | {e['e2e_p50_s']:.1f} |"
             f" {e['e2e_mean_s']:.1f} | {e['failed']} | {share} |"
         )
+    beside = result.get("bench_live") or {}
+    if beside.get("policies"):
+        lines += [
+            "",
+            f"For context, `bench.live`'s policies on the same {cfg['eval_tasks']} workflows (the first"
+            f" {cfg['eval_tasks']} of its records in `{beside['source']}`, from `{beside['command']}`:"
+            " another run at another time, its Chimera router trained offline on all of `bench/data/real`"
+            + (
+                f"; there the trace went on to {beside['tasks']} arrivals, which loaded the engines too):"
+                if beside["tasks"] > cfg["eval_tasks"]
+                else "):"
+            ),
+            "",
+            "| bench.live policy | pass rate | E2E p50 s | E2E mean s | share per model |",
+            "|---|---|---|---|---|",
+        ]
+        for name, e in beside["policies"].items():
+            share = ", ".join(f"{m} {x:.2f}" for m, x in e["share"].items())
+            lines.append(
+                f"| {name} | {e['score']:.3f} | {e['e2e_p50_s']:.1f} | {e['e2e_mean_s']:.1f} | {share} |"
+            )
     lines += [
         "",
         "## Labels the loop collected",

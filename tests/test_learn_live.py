@@ -6,14 +6,17 @@ No stack, no engine, no Celery: the records are made up here, shaped as ``bench.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bench.learn_jobs import JobRun, JobsSetup, wait_served
 from bench.learn_plan import TaskSplit, TrainTask, label_counts, map_examples, map_tasks, split
-from bench.learn_report import LoopRecord, MapScore, build, flips, floors, markdown
+from bench.learn_report import LoopRecord, MapScore, beside_live, build, flips, floors, markdown
 from bench.learn_serve import LabelRecord
 from bench.live_run import PolicyRun, StageRecord, WorkflowRecord
 from services.collect.dataset import RunRecord
@@ -189,7 +192,7 @@ def _record() -> LoopRecord:
     return LoopRecord(
         "python -m bench.learn_live", "2026-01-01 00:00", config, ("humaneval/0",), (0.0, 1.0, 2.0),
         (("humaneval/1", "code/coder"),), 2, maps, before, after, labels, outcomes, 12, {"e0": 3}, jobs,
-        versions, {"total": 100.0},
+        versions, {"total": 100.0}, {},
     )  # fmt: skip
 
 
@@ -224,3 +227,25 @@ def test_markdown_shows_every_figure_it_is_given() -> None:
     assert "`v-boot` → retrained `v-new`" in md and "1.5 s after" in md
     assert "'path'" not in md  # the export's per-stream paths stay in the JSON
     assert "one task moves the pass rate by 0.333" in md
+
+
+def test_bench_live_runs_of_the_same_trace_are_cut_to_the_eval_length(tmp_path: Path) -> None:
+    config = _record().config
+    run = _policy("least-loaded", [SMALL, BIG, BIG, BIG], [1.0, 1.0, 0.0, 0.0])
+    live: dict[str, Any] = {
+        "command": "python -m bench.live",
+        "config": {"seed": 0, "rate": 0.12, "max_tokens": [128, 256], "engines": ["e0", "e1"], "tasks": 4,
+                   "workflow": "code/planner-coder"},
+        "runs": {"least-loaded": asdict(run)},
+    }  # fmt: skip
+    path = tmp_path / "real_live.json"
+    path.write_text(json.dumps(live))
+    got = beside_live(path, config)
+    assert got["policies"]["least-loaded"]["score"] == pytest.approx(2 / 3, abs=1e-4)  # the first 3 only
+    assert "workflows" not in got["policies"]["least-loaded"]
+    md = markdown(build(dataclasses.replace(_record(), beside=got)))
+    assert "| least-loaded | 0.667 |" in md and "went on to 4 arrivals" in md
+    live["config"]["rate"] = 0.2  # another trace: nothing to compare with
+    path.write_text(json.dumps(live))
+    assert beside_live(path, config) == {}
+    assert beside_live(tmp_path / "absent.json", config) == {}
