@@ -63,7 +63,9 @@ def serving_stack(
         start_timeout_s=1800.0,
     )
     _preload_profiles(redis_url, prefix, setup.state_dir)
-    with running_stack(settings, setup.pool, dispatcher_env=dispatcher_env) as stack:
+    # The admission bound off, as in the eval passes: a pinned first stage is never refused or browned out.
+    env = {**dispatcher_env, "CHIMERA_DISPATCHER_MAX_QUEUE_S": "0"}
+    with running_stack(settings, setup.pool, dispatcher_env=env) as stack:
         pinned: dict[str, int] = {}
         if setup.pin_cores:
             engines = [e.id for e in setup.pool.engines]
