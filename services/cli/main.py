@@ -44,11 +44,22 @@ def _settings(pool: Path | None, **overrides: object) -> LauncherSettings:
 
 
 @app.command()
-def up(pool: PoolOpt = None) -> None:
-    """Start Redis (private unless CHIMERA_REDIS_URL is set), router, predictor, workers and dispatcher;
-    stop them all on Ctrl-C or SIGTERM."""
+def up(
+    pool: PoolOpt = None,
+    inference: Annotated[
+        str | None,
+        typer.Option(
+            help="remote: router and predictor services; inline: the dispatcher runs their CPU models "
+            "(CHIMERA_UP_INFERENCE)"
+        ),
+    ] = None,
+) -> None:
+    """Start Redis (private unless CHIMERA_REDIS_URL is set), router and predictor (unless inline), workers
+    and dispatcher; stop them all on Ctrl-C or SIGTERM."""
+    if inference not in (None, "remote", "inline"):
+        raise typer.BadParameter(f"{inference!r}: remote or inline", param_hint="--inference")
     setup_logging("launcher")
-    settings = _settings(pool)
+    settings = _settings(pool, inference=inference)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

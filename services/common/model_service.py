@@ -21,12 +21,14 @@ from prometheus_client import CollectorRegistry
 from pydantic import Field, FilePath, model_validator
 
 from services.common import grpc_status, tls
-from services.common.artifacts import ArtifactMeta
+from services.common.artifacts import ArtifactMeta, load_version
 from services.common.batching import (
     BatchCollector,
     BatchFn,
+    BatchStat,
     CollectorClosedError,
     CollectorOptions,
+    Loader,
     NoArtifactError,
 )
 from services.common.config import CommonSettings
@@ -89,6 +91,33 @@ class ModelServiceSettings(CommonSettings):
         return self
 
 
+def model_collector(
+    settings: ModelServiceSettings,
+    batch_fn: BatchFn[ItemT, OutT],
+    *,
+    on_batch: Callable[[BatchStat], None] | None = None,
+    on_reload: Callable[[ArtifactMeta], None] | None = None,
+    loader: Loader = load_version,
+) -> BatchCollector[ItemT, OutT]:
+    """The batch collector a model service serves from, built from its settings. The dispatcher's inline
+    inference (``services.dispatcher.inline``) builds its own with this too, so both load, batch and hot
+    reload the same artifacts the same way; ``loader`` lets it refuse backends it must not run."""
+    return BatchCollector(
+        settings.artifact_dir,
+        batch_fn,
+        CollectorOptions(
+            max_batch_size=settings.max_batch_size,
+            max_wait_ms=settings.max_wait_ms,
+            pool_workers=settings.pool_workers,
+            executor=settings.executor,
+            reload_interval_s=settings.reload_interval_s,
+            on_batch=on_batch,
+            on_reload=on_reload,
+            loader=loader,
+        ),
+    )
+
+
 def _logger(label: str) -> logging.Logger:
     return logging.getLogger(f"services.{label}.server")
 
@@ -136,18 +165,8 @@ class ModelServer(abc.ABC, Generic[ItemT, OutT]):
         self.metrics = metrics or ModelServiceMetrics(CollectorRegistry(), label)
         self.health = health.aio.HealthServicer()
         self._health_tasks: set[asyncio.Task[None]] = set()
-        self.collector: BatchCollector[ItemT, OutT] = BatchCollector(
-            settings.artifact_dir,
-            batch_fn,
-            CollectorOptions(
-                max_batch_size=settings.max_batch_size,
-                max_wait_ms=settings.max_wait_ms,
-                pool_workers=settings.pool_workers,
-                executor=settings.executor,
-                reload_interval_s=settings.reload_interval_s,
-                on_batch=self.metrics.on_batch,
-                on_reload=self._on_reload,
-            ),
+        self.collector: BatchCollector[ItemT, OutT] = model_collector(
+            settings, batch_fn, on_batch=self.metrics.on_batch, on_reload=self._on_reload
         )
         self.server = grpc.aio.server()
         self.port = 0

@@ -63,6 +63,14 @@ class DispatcherSettings(CommonSettings):
         le=60,
         description="per-call predictor deadline; past it max_tokens is the prediction",
     )
+    # Remote by default: an existing deployment keeps its router and predictor services (and any transformer
+    # backend, which never runs inline) until its operator opts in.
+    inference: Literal["remote", "inline"] = Field(
+        default="remote",
+        description="where the router and predictor models run: remote (their gRPC services at router_addr "
+        "and predictor_addr) or inline (in this process, from CHIMERA_ROUTER_ARTIFACT_DIR and "
+        "CHIMERA_PREDICTOR_ARTIFACT_DIR, hot reloaded; CPU backends only: tfidf/prior, qrf/empirical)",
+    )
     upstream_inflight: int = Field(
         default=2,
         ge=0,

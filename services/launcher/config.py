@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
@@ -28,6 +28,12 @@ class LauncherSettings(CommonSettings):
     http_port: int = Field(8000, ge=0, le=65535, description="OpenAI-compatible HTTP; 0 picks a free port")
     dispatchers: int = Field(
         1, ge=1, le=16, description="dispatcher replicas on the one Redis; the 2nd and later on free ports"
+    )
+    # Remote by default, as the dispatcher's own setting: the same processes as compose.yaml's default.
+    inference: Literal["remote", "inline"] = Field(
+        "remote",
+        description="remote: start the router and predictor services; inline: the dispatcher runs their "
+        "(CPU) models itself and neither service is started",
     )
     router_port: int = Field(50061, ge=0, le=65535, description="router gRPC port; 0 picks a free port")
     predictor_port: int = Field(50062, ge=0, le=65535, description="predictor gRPC port; 0 picks a free port")

@@ -1,7 +1,8 @@
 """Bring the whole stack up as child processes and tear it down: the engine of ``chimera up``.
 
 Start order mirrors compose.yaml's health dependencies: Redis, then router and predictor (whose models are
-bootstrapped first if none exist), then the workers (they register their engines), then the dispatcher
+bootstrapped first if none exist; neither starts with ``inference=inline``, where each dispatcher runs their
+models from the same artifact folders), then the workers (they register their engines), then the dispatcher
 (or several replicas of it on the one Redis: ``LauncherSettings.dispatchers``).
 A private Redis is a supervised child like the others (named ``redis``): after a crash it is restarted on
 the same socket and data folder, and its append-only file brings its data back.
@@ -41,8 +42,8 @@ class Stack:
     key_prefix: str
     dispatcher_addr: str
     http_addr: str
-    router_addr: str
-    predictor_addr: str
+    router_addr: str  # empty with inference=inline: no router service runs
+    predictor_addr: str  # likewise
     pool: PoolSpec
     state_dir: Path
     # The live child processes, so that tests and tools can signal one (e.g. kill a worker, or the private
@@ -145,6 +146,9 @@ def _worker_env(spec: EngineSpec) -> dict[str, str]:
     return env
 
 
+# The model services by name; with inference=inline neither starts.
+_MODEL_SERVICES = {"router": "services.router", "predictor": "services.predictor"}
+
 # What the stack sets for the dispatcher itself: a caller's override would point it away from its siblings.
 _DISPATCHER_WIRING = frozenset(
     {
@@ -154,6 +158,8 @@ _DISPATCHER_WIRING = frozenset(
         "CHIMERA_DISPATCHER_METRICS_PORT",
         "CHIMERA_DISPATCHER_ROUTER_ADDR",
         "CHIMERA_DISPATCHER_PREDICTOR_ADDR",
+        # Set from LauncherSettings.inference, which also decides whether the model services start.
+        "CHIMERA_DISPATCHER_INFERENCE",
     }
 )
 
@@ -194,9 +200,11 @@ def running_stack(
             pool, state / "artifacts", settings.bootstrap_workflows, settings.seed, settings.embedded_corpus
         )
         picker = _Ports(host)
+        # Inline, the dispatchers run the models themselves: no router or predictor process, port or probe.
+        inline = settings.inference == "inline"
+        services = {} if inline else _MODEL_SERVICES
         ports = {
-            "router": picker.take(settings.router_port),
-            "predictor": picker.take(settings.predictor_port),
+            **{name: picker.take(getattr(settings, f"{name}_port")) for name in services},
             "dispatcher": picker.take(settings.dispatcher_port),
             "http": picker.take(settings.http_port),
         }
@@ -207,7 +215,7 @@ def running_stack(
         http_ports = {"dispatcher": ports["http"], **{name: picker.take() for name in fronts[1:]}}
         addr = {k: f"{host}:{v}" for k, v in ports.items()}
         # Always free ports: several workers share this host, so no fixed default could serve them all.
-        names = ["router", "predictor", *fronts, *(f"worker-{e.id}" for e in pool.engines)]
+        names = [*services, *fronts, *(f"worker-{e.id}" for e in pool.engines)]
         metrics = {name: f"{host}:{picker.take()}" for name in names}
 
         def metrics_port(name: str) -> str:
@@ -221,27 +229,17 @@ def running_stack(
 
         models = [
             child(
-                "router",
-                "services.router",
+                name,
+                module,
                 {
-                    "CHIMERA_ROUTER_HOST": host,
-                    "CHIMERA_ROUTER_PORT": str(ports["router"]),
-                    "CHIMERA_ROUTER_METRICS_PORT": metrics_port("router"),
-                    "CHIMERA_ROUTER_ARTIFACT_DIR": str(artifacts.router),
+                    f"CHIMERA_{name.upper()}_HOST": host,
+                    f"CHIMERA_{name.upper()}_PORT": str(ports[name]),
+                    f"CHIMERA_{name.upper()}_METRICS_PORT": metrics_port(name),
+                    f"CHIMERA_{name.upper()}_ARTIFACT_DIR": str(getattr(artifacts, name)),
                 },
-                grpc_probe(addr["router"]),
-            ),
-            child(
-                "predictor",
-                "services.predictor",
-                {
-                    "CHIMERA_PREDICTOR_HOST": host,
-                    "CHIMERA_PREDICTOR_PORT": str(ports["predictor"]),
-                    "CHIMERA_PREDICTOR_METRICS_PORT": metrics_port("predictor"),
-                    "CHIMERA_PREDICTOR_ARTIFACT_DIR": str(artifacts.predictor),
-                },
-                grpc_probe(addr["predictor"]),
-            ),
+                grpc_probe(addr[name]),
+            )
+            for name, module in services.items()
         ]
         sup.start_and_wait(models, settings.start_timeout_s)
         started = time.time()
@@ -268,8 +266,12 @@ def running_stack(
                     "CHIMERA_DISPATCHER_PORT": str(ports[name]),
                     "CHIMERA_DISPATCHER_HTTP_PORT": str(http_ports[name]),
                     "CHIMERA_DISPATCHER_METRICS_PORT": metrics_port(name),
-                    "CHIMERA_DISPATCHER_ROUTER_ADDR": addr["router"],
-                    "CHIMERA_DISPATCHER_PREDICTOR_ADDR": addr["predictor"],
+                    "CHIMERA_DISPATCHER_ROUTER_ADDR": addr.get("router", ""),
+                    "CHIMERA_DISPATCHER_PREDICTOR_ADDR": addr.get("predictor", ""),
+                    "CHIMERA_DISPATCHER_INFERENCE": settings.inference,
+                    # What the inline models load; the same folders the services would serve.
+                    "CHIMERA_ROUTER_ARTIFACT_DIR": str(artifacts.router),
+                    "CHIMERA_PREDICTOR_ARTIFACT_DIR": str(artifacts.predictor),
                     **extra,
                 },
                 grpc_probe(addr[name]),
@@ -293,8 +295,8 @@ def running_stack(
             settings.key_prefix,
             addr["dispatcher"],
             addr["http"],
-            addr["router"],
-            addr["predictor"],
+            addr.get("router", ""),
+            addr.get("predictor", ""),
             pool,
             state,
             sup,

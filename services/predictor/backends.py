@@ -44,6 +44,10 @@ BACKENDS: Mapping[str, str] = MappingProxyType(
     }
 )
 
+# Backends the dispatcher may run itself (CHIMERA_DISPATCHER_INFERENCE=inline): all of today's are numpy and
+# scikit-learn on the CPU; a future GPU backend stays out of this set and in the predictor service.
+INLINE_BACKENDS: frozenset[str] = frozenset({"empirical", "qrf"})
+
 
 def make_backend(name: str) -> PredictorBackend:
     """Build an unfitted backend from a registry name or a ``"module:Class"`` path."""

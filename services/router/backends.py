@@ -48,6 +48,11 @@ BACKENDS: Mapping[str, str] = MappingProxyType(
     }
 )
 
+# Backends cheap enough to run inside the dispatcher (CHIMERA_DISPATCHER_INFERENCE=inline): numpy and
+# scikit-learn on the CPU, about a millisecond a call. The encoders (torch) stay in the router service,
+# where a GPU, its memory and its batching belong.
+INLINE_BACKENDS: frozenset[str] = frozenset({"prior", "tfidf"})
+
 
 def make_backend(name: str) -> RouterBackend:
     """Build an unfitted backend from a registry name or a ``"module:Class"`` path."""
