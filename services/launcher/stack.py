@@ -266,8 +266,8 @@ def running_stack(
                     "CHIMERA_DISPATCHER_PORT": str(ports[name]),
                     "CHIMERA_DISPATCHER_HTTP_PORT": str(http_ports[name]),
                     "CHIMERA_DISPATCHER_METRICS_PORT": metrics_port(name),
-                    "CHIMERA_DISPATCHER_ROUTER_ADDR": addr.get("router", ""),
-                    "CHIMERA_DISPATCHER_PREDICTOR_ADDR": addr.get("predictor", ""),
+                    # CHIMERA_DISPATCHER_ROUTER_ADDR and _PREDICTOR_ADDR, unless inline (no service to reach)
+                    **{f"CHIMERA_DISPATCHER_{n.upper()}_ADDR": addr[n] for n in services},
                     "CHIMERA_DISPATCHER_INFERENCE": settings.inference,
                     # What the inline models load; the same folders the services would serve.
                     "CHIMERA_ROUTER_ARTIFACT_DIR": str(artifacts.router),
