@@ -67,6 +67,9 @@ class LoadConfig:
     # Extra dispatcher settings for every stack (e.g. the admission bounds).
     dispatcher_env: tuple[tuple[str, str], ...] = ()
     phases: tuple[str, ...] = ("throughput", "streams", "overload")
+    # Where the dispatcher runs the router and predictor (LauncherSettings.inference): the throughput phase
+    # runs once per mode, each on its own stack, side by side in one run; the other phases use the first.
+    inference: tuple[str, ...] = ("remote",)
 
 
 def _engine(eid: str, model: str, profile: EngineProfile, seqs: int, time_scale: float) -> EngineSpec:
@@ -146,9 +149,10 @@ def run_phase(phase: Phase, groups: Mapping[str, tuple[int, bool]]) -> dict[str,
 
 @contextlib.contextmanager
 def _stack(
-    state: Path, pool: PoolSpec, cfg: LoadConfig, bound_s: float | None = None
+    state: Path, pool: PoolSpec, cfg: LoadConfig, bound_s: float | None = None, inference: str = ""
 ) -> Iterator[tuple[Stack, dict[str, tuple[int, bool]]]]:
-    settings = LauncherSettings.ephemeral(state, start_timeout_s=300)
+    mode = inference or cfg.inference[0]
+    settings = LauncherSettings.ephemeral(state, start_timeout_s=300, inference=mode)
     env = dict(cfg.dispatcher_env)
     if bound_s is not None:
         env["CHIMERA_DISPATCHER_MAX_QUEUE_S"] = f"{bound_s:g}"
@@ -162,18 +166,16 @@ def _phase(stack: Stack, **kw: Any) -> Phase:
 
 def throughput(cfg: LoadConfig, state: Path) -> list[dict[str, Any]]:
     out = []
-    with _stack(state / "throughput", _pool(FAST, 256, 1000.0), cfg) as (stack, groups):
-        run_phase(
-            _phase(stack, kind="closed", door="grpc", concurrency=16, duration_s=3.0), groups
-        )  # warm-up
-        for door in cfg.doors:
-            for c in cfg.concurrencies:
-                out.append(
-                    run_phase(
-                        _phase(stack, kind="closed", door=door, concurrency=c, duration_s=cfg.duration_s),
-                        groups,
-                    )
-                )
+    for mode in cfg.inference:
+        stack_cm = _stack(state / f"throughput-{mode}", _pool(FAST, 256, 1000.0), cfg, inference=mode)
+        with stack_cm as (stack, groups):
+            run_phase(
+                _phase(stack, kind="closed", door="grpc", concurrency=16, duration_s=3.0), groups
+            )  # warm-up
+            for door in cfg.doors:
+                for c in cfg.concurrencies:
+                    phase = _phase(stack, kind="closed", door=door, concurrency=c, duration_s=cfg.duration_s)
+                    out.append({"inference": mode, **run_phase(phase, groups)})
     return out
 
 
@@ -235,6 +237,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--doors", nargs="+", default=list(d.doors), choices=["grpc", "http"])
     ap.add_argument("--no-overload", action="store_true")
     ap.add_argument("--phases", nargs="+", default=["throughput", "streams", "overload"])
+    ap.add_argument(
+        "--inference", nargs="+", default=list(d.inference), choices=["remote", "inline"],
+        help="where the dispatcher runs the router and predictor; the throughput phase runs once per mode",
+    )  # fmt: skip
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a dispatcher setting")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -248,6 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         overload=not args.no_overload,
         dispatcher_env=env,
         phases=tuple(args.phases),
+        inference=tuple(args.inference),
     )
     started = time.perf_counter()
     result = run(cfg)

@@ -7,6 +7,12 @@ from pathlib import Path
 from typing import Any
 
 
+def _door(row: dict[str, Any]) -> str:
+    # Rows measured with the dispatcher's inline inference say so; remote (the default) stays unmarked.
+    mode = row.get("inference", "remote")
+    return row["phase"]["door"] + ("" if mode == "remote" else f" ({mode})")
+
+
 def _throughput_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| door | in flight | stages/s | dispatch ms p50 | p99 | errors | CPU-s per 1k stages (all) "
@@ -16,7 +22,7 @@ def _throughput_table(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         cpu = r["cpu_s_per_1k_stages"]
         lines.append(
-            f"| {r['phase']['door']} | {r['phase']['concurrency']} | {r['stages_per_s']:.1f} | "
+            f"| {_door(r)} | {r['phase']['concurrency']} | {r['stages_per_s']:.1f} | "
             f"{r['dispatch_ms_p50']:.1f} | {r['dispatch_ms_p99']:.1f} | {r['requests'] - r['ok']} | "
             f"{r['cpu_s_per_1k_stages_total']:.2f} | "
             + " | ".join(
