@@ -1,8 +1,9 @@
 """Clients of the router and predictor services, behind two small protocols.
 
-The dispatcher depends on the protocols only, so tests inject fakes and a later in-process batcher could
-replace the gRPC hop without touching dispatch logic. Every call has its own deadline: a slow dependency
-must cost the front door a bounded amount of time (the dispatcher then degrades; see ``dispatch``).
+The dispatcher depends on the protocols only, so tests inject fakes and ``inline`` replaces the gRPC hop
+(``CHIMERA_DISPATCHER_INFERENCE=inline``) without touching dispatch logic. Every call has its own
+deadline: a slow dependency must cost the front door a bounded amount of time (the dispatcher then
+degrades; see ``dispatch``).
 """
 
 from __future__ import annotations
