@@ -12,7 +12,10 @@ from pathlib import Path
 import grpc
 import pytest
 from prometheus_client import CollectorRegistry
+from typer.testing import CliRunner
 
+from bench.load_report import _door
+from services.cli.main import app as cli
 from services.common import artifacts
 from services.common.types import ChatMessage, OutcomeRow, Prediction, SamplingParams, StageRequest, TraceRow
 from services.dispatcher.clients import ConfidenceSource, LengthSource, PredictorClient, RouterClient
@@ -20,6 +23,8 @@ from services.dispatcher.decision import Timings
 from services.dispatcher.inline import WIRE_QUANTILES, cpu_only, inline_sources, wire_float
 from services.dispatcher.metrics import DispatcherMetrics
 from services.dispatcher.upstream import Upstream
+from services.launcher.config import LauncherSettings
+from services.launcher.stack import running_stack
 from services.predictor.config import PredictorSettings
 from services.predictor.server import PredictorServer
 from services.predictor.training import train_predictor
@@ -194,3 +199,22 @@ async def test_nothing_published_degrades_the_dispatch_as_a_down_router_does(tmp
 
 def test_wire_quantiles_are_what_a_remote_predictor_receives() -> None:
     assert WIRE_QUANTILES == (0.5, wire_float(0.9)) and WIRE_QUANTILES[1] != 0.9
+
+
+def test_the_launcher_owns_the_inference_setting(tmp_path: Path) -> None:
+    # It also decides whether the model services start, so a dispatcher_env cannot set it behind its back.
+    settings = LauncherSettings.ephemeral(tmp_path)
+    with (
+        pytest.raises(ValueError, match="CHIMERA_DISPATCHER_INFERENCE"),
+        running_stack(settings, dispatcher_env={"CHIMERA_DISPATCHER_INFERENCE": "inline"}),
+    ):
+        pass
+    assert LauncherSettings.ephemeral(tmp_path, inference="inline").inference == "inline"
+    result = CliRunner().invoke(cli, ["up", "--inference", "sideways"])
+    assert result.exit_code == 2 and "remote or inline" in result.output
+
+
+def test_the_load_report_marks_inline_rows() -> None:
+    row = {"phase": {"door": "grpc"}}
+    assert _door({**row, "inference": "inline"}) == "grpc (inline)"
+    assert _door({**row, "inference": "remote"}) == _door(row) == "grpc"
