@@ -6,7 +6,9 @@ own process (``bench.load_client``). Phases:
 
 1. **throughput**: one-stage requests back to back at 1, 16, 64 and 256 in flight, through gRPC and HTTP;
    stages/s, ``dispatch_ms`` p50/p99, and the CPU-seconds each process spent per 1,000 stages. The engines
-   run 256 sequences each, 1000 times faster than the profile: they never queue.
+   run 256 sequences each, 1000 times faster than the profile: they never queue. ``--inference remote
+   inline`` runs this phase once per place the router and predictor models run (their services, or inside
+   the dispatcher), each on a fresh stack, one after the other.
 2. **streams**: thousands of streams opened at once and held while tokens trickle (one token a second and a
    half): the most open at the same time and every error. The engines have room for all of them.
 3. **overload** (only when the dispatcher bounds its queues): the pool's capacity is measured first (closed
