@@ -64,6 +64,8 @@ class LoadConfig:
     overload: bool = True
     overload_factor: float = 10.0
     overload_s: float = 20.0
+    # The overload run's gRPC client: "none" counts the door's answers; "default" is the SDK's RetryPolicy.
+    overload_retry: str = "none"
     # The overload stack's queue bound: a few seconds of a small pool's work.
     overload_bound_s: float = 5.0
     # Extra dispatcher settings for every stack (e.g. the admission bounds).
@@ -203,7 +205,15 @@ def overload(cfg: LoadConfig, state: Path) -> dict[str, Any]:
         rate = cap["stages_per_s"] * cfg.overload_factor
         runs = {
             door: run_phase(
-                _phase(stack, kind="open", door=door, rate=rate, duration_s=cfg.overload_s), groups
+                _phase(
+                    stack,
+                    kind="open",
+                    door=door,
+                    rate=rate,
+                    duration_s=cfg.overload_s,
+                    retry=cfg.overload_retry,
+                ),
+                groups,
             )
             for door in cfg.doors
         }
@@ -243,6 +253,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--inference", nargs="+", default=list(d.inference), choices=["remote", "inline"],
         help="where the dispatcher runs the router and predictor; the throughput phase runs once per mode",
     )  # fmt: skip
+    ap.add_argument("--overload-s", type=float, default=d.overload_s, help="seconds of 10x arrivals")
+    ap.add_argument(
+        "--overload-retry", default=d.overload_retry, choices=["none", "default"],
+        help="the overload run's gRPC client: no retries, or the SDK's default RetryPolicy",
+    )  # fmt: skip
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a dispatcher setting")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -254,6 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         duration_s=args.duration,
         streams=args.streams,
         overload=not args.no_overload,
+        overload_s=args.overload_s,
+        overload_retry=args.overload_retry,
         dispatcher_env=env,
         phases=tuple(args.phases),
         inference=tuple(args.inference),
