@@ -108,7 +108,7 @@ collect-real: proto  ## real workflows on the real qwen-coder-3 models through t
 	  $(foreach s,$(SOURCES),--source $(s)) --tasks $(TASKS)
 
 .PHONY: bench-live
-bench-live: proto  ## one Poisson trace of held-out HumanEval planner->coder workflows per policy on the real Qwen2.5-Coder 0.5B/1.5B engines, verified, vs the simulator (bench/results/real_live.*; per policy, resumable; POLICIES= a subset; ~80 min on 2 cores)
+bench-live: proto  ## one Poisson trace of held-out HumanEval planner->coder workflows per policy on the real Qwen2.5-Coder 0.5B/1.5B engines, verified, vs the simulator (bench/results/real_live.*; per policy, resumable; POLICIES= a subset; ~65 min on 2 cores)
 	nice -n 19 $(PY) -m bench.live $(if $(POLICIES),--policies $(POLICIES))
 	$(PY) -m bench.real  # folds the live figures into real.json
 

@@ -265,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--pool", default="qwen-coder-3", help="pool YAML or embedded pool name")
     ap.add_argument("--engines", nargs="+", default=["coder-0_5b", "coder-1_5b"])
     ap.add_argument("--policies", nargs="+", help="subset to run (default: all, alone runs first)")
-    # Sized for 2 cores (about 80 minutes for the default policies, estimated from stop 22's run): the
+    # Sized for 2 cores (65 minutes for the default policies with the profiling, measured): the
     # 1.5B engine decodes about 8 tokens/s over its 4 sequences and the 0.5B about 19, so a 128+256-token
     # workflow costs the 1.5B about 40 s of its capacity and the 0.5B about 17 s; the pool serves about
     # 0.1 workflows/s. Stop 22 ran 12 tasks at 0.07/s: only the 1.5B alone formed a queue, so the queue
