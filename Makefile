@@ -113,7 +113,7 @@ bench-live: proto  ## one Poisson trace of held-out HumanEval planner->coder wor
 	$(PY) -m bench.real  # folds the live figures into real.json
 
 .PHONY: bench-learn
-bench-learn: proto  ## the learning loop live on the real Qwen2.5-Coder 0.5B/1.5B engines: synthetic bootstrap, eval at tau 2, 10 min of verified labels, Celery retrain and hot reload, eval again (bench/results/real_learn.*; ~35 min on 2 cores)
+bench-learn: proto  ## the learning loop live on the real Qwen2.5-Coder 0.5B/1.5B engines: synthetic bootstrap, eval at tau 2, 10 min of verified labels, Celery retrain and hot reload, eval again (bench/results/real_learn.*; ~22 min on 2 cores)
 	nice -n 19 $(PY) -m bench.learn_live
 	$(PY) -m bench.real  # folds the loop's figures into real.json
 

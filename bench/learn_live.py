@@ -259,9 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--pool", default="qwen-coder-3", help="pool YAML or embedded pool name")
     ap.add_argument("--engines", nargs="+", default=["coder-0_5b", "coder-1_5b"])
     ap.add_argument("--tau", type=float, default=2.0, help="Chimera's latency slack in both eval passes")
-    # Sized for about 32 minutes on 2 cores: three stack starts (~70 s each), two eval passes of bench.live's
-    # whole trace (16 workflows: its alone runs took 200 s on the 0.5B and 450 s on the 1.5B, the worst
-    # case) and a 10-minute learning phase (~25 labels on the 1.5B at ~14 tokens/s over 4 sequences).
+    # Sized for 2 cores: two eval passes of bench.live's whole trace (16 workflows: its alone runs took
+    # 200 s on the 0.5B and 450 s on the 1.5B, the worst case) and a 10-minute learning phase; the run of
+    # real_learn.md took 22 minutes in all (26 labels on the 1.5B, 54 on the 0.5B).
     ap.add_argument("--eval-tasks", type=int, default=16, help="the first N workflows of bench.live's trace")
     ap.add_argument(
         "--live-tasks", type=int, default=16, help="bench.live's trace length (kept out of training)"
