@@ -24,16 +24,17 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.learn_jobs import JobsSetup, jobs_worker, retrain_and_reload, router_version
+from bench.learn_jobs import JobRun, JobsSetup, jobs_worker, retrain_and_reload, router_version
 from bench.learn_plan import map_examples, split
 from bench.learn_report import LoopRecord, beside_live, build, floors, markdown, score_version
-from bench.learn_serve import serve_labels, serving_stack
+from bench.learn_serve import LabelRecord, serve_labels, serving_stack
+from bench.live import _run_from  # the reader of stored PolicyRun records
 from bench.live_plan import WORKFLOW, arrival_offsets
 from bench.live_run import PROFILES, LiveSetup, private_redis, profile_alone, run_policy
 from bench.real import dataset_commit
@@ -50,17 +51,9 @@ from services.workload.corpus import load_corpus
 
 log = logging.getLogger("bench.learn_live")
 RESULT = "real_learn"
-_WIPE = (
-    "artifacts",
-    "traces",
-    "jobs",
-    "redis",
-    "logs",
-    PROFILES,
-    "before.json",
-    "learning.json",
-    "after.json",
-)
+FACTS = "facts"  # the run's own figures besides the records (command, config, versions, timings)
+_CHECKPOINTS = tuple(f"{n}.json" for n in ("before", "learning", "after", FACTS))
+_WIPE = ("artifacts", "traces", "jobs", "redis", "logs", PROFILES, *_CHECKPOINTS)
 
 
 def _fresh_state(state: Path, profiles_from: Path | None) -> str:
@@ -117,8 +110,6 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         corpus, checked, runs, list(engines.values()), args.eval_tasks, args.live_tasks,
         args.train_tasks, args.seed, args.learn_workflows,
     )  # fmt: skip
-    traces, outcomes = read_trace_folder(args.data)
-    examples = map_examples(traces, outcomes, runs, plan.map_tasks)
     offsets = arrival_offsets(args.eval_tasks, args.rate, args.seed)
     blank = [""] * args.eval_tasks
 
@@ -179,12 +170,6 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         _check_served(dirs.router, new_router, pool.models)  # the after stack did not re-bootstrap
     timings["total"] = time.monotonic() - t_start
 
-    learned_traces, learned_outcomes = read_trace_folder(traces_dir)
-    maps = {
-        "before": score_version(dirs.router, str(boot["router"]), examples),
-        "after": score_version(dirs.router, new_router, examples),
-        **floors(learned_traces, learned_outcomes, examples),
-    }
     versions = {
         "router_bootstrap": boot["router"],
         # The only version published before the retrain; the learning stack's router, started on the same
@@ -222,26 +207,61 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         "profiles": profiles_src,
         "pin_cores": not args.no_pin_cores,
     }
+    facts = {
+        "command": command,
+        "started_utc": started,
+        "config": config,
+        "eval_problems": [p.id for p in plan.eval_trace],
+        "arrivals_s": offsets,
+        "map_tasks": [list(t) for t in plan.map_tasks],
+        "pinned_threads": pinned,
+        "versions": versions,
+        "timings_s": timings,
+    }
+    _checkpoint(state, FACTS, facts)
+    return report(facts, state, args.out)
+
+
+def report(facts: Mapping[str, Any], state: Path, out: Path) -> dict[str, Any]:
+    """The results from a run's records: its facts (what ``run`` measured besides the records), the phases'
+    checkpoints, the exported rows and the published artifacts in ``state``. ``--report-only`` calls it on
+    a finished run's state folder; every figure is recomputed from the same records."""
+    cfg = facts["config"]
+    before = _run_from(json.loads((state / "before.json").read_text()))
+    after = _run_from(json.loads((state / "after.json").read_text()))
+    learning = json.loads((state / "learning.json").read_text())
+    learned_traces, learned_outcomes = read_trace_folder(state / "traces" / "learn")
+    data = Path(cfg["data"])
+    runs = read_runs(data)
+    traces, outcomes = read_trace_folder(data)
+    tasks = tuple((str(p), str(w)) for p, w in facts["map_tasks"])
+    examples = map_examples(traces, outcomes, runs, tasks)
+    router_dir, v = state / "artifacts" / "router", facts["versions"]
+    maps = {
+        "before": score_version(router_dir, v["router_bootstrap"], examples),
+        "after": score_version(router_dir, v["router_retrained"], examples),
+        **floors(learned_traces, learned_outcomes, examples),
+    }
     return build(
         LoopRecord(
-            command=command,
-            started_utc=started,
-            config=config,
-            eval_problems=tuple(p.id for p in plan.eval_trace),
-            arrivals_s=tuple(offsets),
-            map_tasks=plan.map_tasks,
+            command=facts["command"],
+            started_utc=facts["started_utc"],
+            config=cfg,
+            eval_problems=tuple(facts["eval_problems"]),
+            arrivals_s=tuple(facts["arrivals_s"]),
+            map_tasks=tasks,
             map_examples=len(examples),
             maps=maps,
             before=before,
             after=after,
-            labels=tuple(labels),
+            labels=tuple(LabelRecord(**r) for r in learning["labels"]),
             learned_outcomes=tuple(learned_outcomes),
             exported_traces=len(learned_traces),
-            pinned=pinned,
-            jobs=tuple(jobs),
-            versions=versions,
-            timings_s=timings,
-            beside=beside_live(args.out / "real_live.json", config),
+            pinned=facts["pinned_threads"],
+            jobs=tuple(JobRun(**j) for j in learning["jobs"]),
+            versions=v,
+            timings_s=facts["timings_s"],
+            beside=beside_live(out / "real_live.json", cfg),
         )
     )
 
@@ -285,10 +305,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--profiles-from", type=Path, default=Path(".chimera/live/profiles.json"))
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--no-pin-cores", action="store_true")
+    ap.add_argument(
+        "--report-only", action="store_true", help="rewrite the results from the state folder's records"
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     command = "python -m bench.learn_live " + " ".join(argv if argv is not None else sys.argv[1:])
-    result = run(args, command.strip())
+    if args.report_only:
+        state = args.state_dir.resolve()
+        result = report(json.loads((state / f"{FACTS}.json").read_text()), state, args.out)
+    else:
+        result = run(args, command.strip())
     write(args.out, result)
     sys.stdout.write((args.out / f"{RESULT}.md").read_text())
     return 0

@@ -78,7 +78,7 @@ def floors(
 
 
 def eval_summary(run: PolicyRun) -> dict[str, Any]:
-    """A replay's figures (``bench.live``'s own: pass rate, E2E p50/mean, each model's share) and its rows."""
+    """A replay's figures (``bench.live``'s own: pass rate, E2E p50/mean, each model's share)."""
     o = live_outcome(run)
     return {
         "policy": run.policy,
@@ -90,7 +90,6 @@ def eval_summary(run: PolicyRun) -> dict[str, Any]:
         "queue_mean_s": {m: round(v, 2) for m, v in o.queue_mean_s.items()},
         "failed": o.failed,
         "pinned_threads": dict(run.pinned_threads),
-        "workflows": [asdict(w) for w in run.workflows],
     }
 
 
@@ -116,7 +115,7 @@ def beside_live(path: Path, config: Mapping[str, Any]) -> dict[str, Any]:
     for name, raw in d.get("runs", {}).items():
         run = _run_from(raw)
         cut = dataclasses.replace(run, workflows=run.workflows[:n])
-        out["policies"][name] = {k: v for k, v in eval_summary(cut).items() if k != "workflows"}
+        out["policies"][name] = eval_summary(cut)
     return out
 
 
@@ -177,14 +176,11 @@ class LoopRecord:
     beside: Mapping[str, Any]  # beside_live's answer
 
 
-def flips(before: Mapping[str, Any], after: Mapping[str, Any]) -> int:
+def flips(before: PolicyRun, after: PolicyRun) -> int:
     """Eval tasks served by the same model in both passes whose verified outcome differs."""
     n = 0
-    for b, a in zip(before["workflows"], after["workflows"], strict=True):
-        same = (
-            bool(b["stages"]) and bool(a["stages"]) and b["stages"][-1]["model"] == a["stages"][-1]["model"]
-        )
-        if same and (b["score"] or 0.0) != (a["score"] or 0.0):
+    for b, a in zip(before.workflows, after.workflows, strict=True):
+        if b.model and b.model == a.model and (b.score or 0.0) != (a.score or 0.0):
             n += 1
     return n
 
@@ -229,7 +225,12 @@ def build(rec: LoopRecord) -> dict[str, Any]:
         },
         "before": b,
         "after": a,
-        "flips": flips(b, a),
+        "flips": flips(rec.before, rec.after),
+        # every eval workflow's record, kept apart: bench.real folds "before"/"after" into real.json
+        "eval_workflows": {
+            "before": [asdict(w) for w in rec.before.workflows],
+            "after": [asdict(w) for w in rec.after.workflows],
+        },
         "learning": {
             "labels": [asdict(r) for r in rec.labels],
             "both": len(set.intersection(*done.values())) if done else 0,

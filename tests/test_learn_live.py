@@ -210,12 +210,14 @@ def test_build_reports_before_and_after_from_the_records() -> None:
     # task 0: SMALL both times, 1 -> 0: a flip; task 1 changed model; task 2: BIG both times, same outcome
     assert result["flips"] == 1
     json.dumps(result)  # what real_learn.json holds must be plain JSON
+    # the figures apart from the records: bench.real copies "before"/"after" into real.json
+    assert "workflows" not in result["before"] and len(result["eval_workflows"]["after"]) == 3
 
 
 def test_flips_needs_the_same_model_in_both_passes() -> None:
-    b = {"workflows": [{"stages": [{"model": SMALL}], "score": 1.0}, {"stages": [], "score": None}]}
-    a = {"workflows": [{"stages": [{"model": BIG}], "score": 0.0}, {"stages": [], "score": 1.0}]}
-    assert flips(b, a) == 0
+    before = _policy("b", [SMALL, SMALL], [1.0, 1.0])
+    after = _policy("a", [BIG, SMALL], [0.0, None])  # another model; the same model, not verified
+    assert flips(before, after) == 1
 
 
 def test_markdown_shows_every_figure_it_is_given() -> None:
