@@ -20,7 +20,7 @@ from services.common import artifacts
 from services.common.types import ChatMessage, OutcomeRow, Prediction, SamplingParams, StageRequest, TraceRow
 from services.dispatcher.clients import ConfidenceSource, LengthSource, PredictorClient, RouterClient
 from services.dispatcher.decision import Timings
-from services.dispatcher.inline import WIRE_QUANTILES, cpu_only, inline_sources, wire_float, without_window
+from services.dispatcher.inline import WIRE_QUANTILES, cpu_only, inline_sources, wire_float
 from services.dispatcher.metrics import DispatcherMetrics
 from services.dispatcher.upstream import Upstream
 from services.launcher.config import LauncherSettings
@@ -218,10 +218,3 @@ def test_the_load_report_marks_inline_rows() -> None:
     row = {"phase": {"door": "grpc"}}
     assert _door({**row, "inference": "inline"}) == "grpc (inline)"
     assert _door({**row, "inference": "remote"}) == _door(row) == "grpc"
-
-
-def test_inline_has_no_batching_window_unless_one_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("CHIMERA_ROUTER_MAX_WAIT_MS", raising=False)
-    assert RouterSettings().max_wait_ms == 1.0 and without_window(RouterSettings()).max_wait_ms == 0.0
-    monkeypatch.setenv("CHIMERA_ROUTER_MAX_WAIT_MS", "2.5")
-    assert without_window(RouterSettings()).max_wait_ms == 2.5

@@ -18,7 +18,7 @@ from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.dispatch import Dispatcher
 from services.dispatcher.http_api import build_http_server
 from services.dispatcher.hub import StreamHub
-from services.dispatcher.inline import inline_sources, without_window
+from services.dispatcher.inline import inline_sources
 from services.dispatcher.metrics import DispatcherMetrics, metrics_endpoint
 from services.dispatcher.server import DispatcherServer, run
 from services.predictor.config import PredictorSettings
@@ -32,7 +32,7 @@ async def _models(
     """The router and predictor as the settings place them: in this process, or behind their services."""
     if s.inference == "inline":
         timeouts = (s.router_timeout_s, s.predictor_timeout_s)
-        models = without_window(RouterSettings()), without_window(PredictorSettings())
+        models = RouterSettings(), PredictorSettings()
         async with inline_sources(*models, timeouts, metrics.registry) as both:
             yield both
         return

@@ -23,14 +23,14 @@ import contextlib
 import functools
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry
 
 from services.common.artifacts import ArtifactError, load_meta, load_version
 from services.common.metrics import ModelServiceMetrics
-from services.common.model_service import ModelServiceSettings, model_collector
+from services.common.model_service import model_collector
 from services.common.types import Prediction, StageRequest
 from services.dispatcher.clients import QUANTILES, ConfidenceSource, LengthSource, prediction_from_quantiles
 from services.predictor import backends as predictor_backends
@@ -52,22 +52,6 @@ def wire_float(x: float) -> float:
 # The quantiles as the predictor service sees them from a remote dispatcher (float32 on the wire): a forest
 # asked for 0.9 and for float32(0.9) can answer differently at a leaf boundary.
 WIRE_QUANTILES = tuple(wire_float(q) for q in QUANTILES)
-
-
-S = TypeVar("S", bound=ModelServiceSettings)
-
-
-def without_window(settings: S) -> S:
-    """The service's settings as the dispatcher runs its model: no batching window unless one is set.
-
-    Inline, a batch forms the way the dispatcher's remote calls coalesce (``coalesce.py``): from whatever
-    arrived while the inference thread was busy, with no timer, so an idle door waits for nothing. The
-    services' 1 ms window cost 0.5 CPU-ms and 1.7 ms of latency per first stage at 1 in flight (router and
-    predictor in one process, 300 calls, on a busy 2-core machine), and under load batches fill without it.
-    """
-    if "max_wait_ms" in settings.model_fields_set:
-        return settings
-    return settings.model_copy(update={"max_wait_ms": 0.0})
 
 
 def cpu_only(allowed: frozenset[str], kind_dir: Path, version: str) -> Any:
