@@ -34,7 +34,7 @@ from bench.learn_jobs import JobRun, JobsSetup, jobs_worker, retrain_and_reload,
 from bench.learn_plan import map_examples, split
 from bench.learn_report import LoopRecord, beside_live, build, floors, markdown, score_version
 from bench.learn_serve import LabelRecord, serve_labels, serving_stack
-from bench.live import _run_from  # the reader of stored PolicyRun records
+from bench.live import run_from  # the reader of stored PolicyRun records
 from bench.live_plan import WORKFLOW, arrival_offsets
 from bench.live_run import PROFILES, LiveSetup, private_redis, profile_alone, run_policy
 from bench.real import dataset_commit
@@ -227,8 +227,8 @@ def report(facts: Mapping[str, Any], state: Path, out: Path) -> dict[str, Any]:
     checkpoints, the exported rows and the published artifacts in ``state``. ``--report-only`` calls it on
     a finished run's state folder; every figure is recomputed from the same records."""
     cfg = facts["config"]
-    before = _run_from(json.loads((state / "before.json").read_text()))
-    after = _run_from(json.loads((state / "after.json").read_text()))
+    before = run_from(json.loads((state / "before.json").read_text()))
+    after = run_from(json.loads((state / "after.json").read_text()))
     learning = json.loads((state / "learning.json").read_text())
     learned_traces, learned_outcomes = read_trace_folder(state / "traces" / "learn")
     data = Path(cfg["data"])

@@ -97,7 +97,7 @@ def beside_live(path: Path, config: Mapping[str, Any]) -> dict[str, Any]:
     """``bench.live``'s policies on the same first workflows of the same trace (its records cut to the eval's
     length), when ``path`` holds a run of that trace on the same engines; {} otherwise. Another run, at
     another time, its router trained offline on ``bench/data/real``: context, not part of the loop."""
-    from bench.live import _run_from  # the stored records' reader; bench.live imports nothing of this loop
+    from bench.live import run_from  # the stored records' reader; bench.live imports nothing of this loop
 
     if not path.exists():
         return {}
@@ -113,7 +113,7 @@ def beside_live(path: Path, config: Mapping[str, Any]) -> dict[str, Any]:
         "policies": {},
     }
     for name, raw in d.get("runs", {}).items():
-        run = _run_from(raw)
+        run = run_from(raw)
         cut = dataclasses.replace(run, workflows=run.workflows[:n])
         out["policies"][name] = eval_summary(cut)
     return out

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import grpc
 
 from bench.learn_plan import TrainTask
-from bench.live_run import LiveSetup, _preload_profiles, _worker_pids
+from bench.live_run import LiveSetup, preload_profiles, worker_pids
 from chimera.dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
 from services.collect.pinning import core_plan, pin_engines
 from services.demo.client import WorkflowRun, run_workflow
@@ -62,14 +62,14 @@ def serving_stack(
         pool_file=setup.pool_file,
         start_timeout_s=1800.0,
     )
-    _preload_profiles(redis_url, prefix, setup.state_dir)
+    preload_profiles(redis_url, prefix, setup.state_dir)
     # The admission bound off, as in the eval passes: a pinned first stage is never refused or browned out.
     env = {**dispatcher_env, "CHIMERA_DISPATCHER_MAX_QUEUE_S": "0"}
     with running_stack(settings, setup.pool, dispatcher_env=env) as stack:
         pinned: dict[str, int] = {}
         if setup.pin_cores:
             engines = [e.id for e in setup.pool.engines]
-            pinned = pin_engines(_worker_pids(stack), core_plan(engines, sorted(os.sched_getaffinity(0))))
+            pinned = pin_engines(worker_pids(stack), core_plan(engines, sorted(os.sched_getaffinity(0))))
         yield stack, pinned
 
 

@@ -74,7 +74,7 @@ class LiveConfig:
         return out
 
 
-def _run_from(d: Mapping[str, Any]) -> PolicyRun:
+def run_from(d: Mapping[str, Any]) -> PolicyRun:
     flows = tuple(
         WorkflowRecord(**{**w, "stages": tuple(StageRecord(**s) for s in w["stages"])})
         for w in d["workflows"]
@@ -303,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     old: dict[str, Any] = {} if args.fresh or not stored.exists() else json.loads(stored.read_text())
     if old and old["config"] != config.to_json():
         raise SystemExit(f"{stored} holds another config ({old['config']}); pass --fresh to start over")
-    runs = {n: _run_from(d) for n, d in old.get("runs", {}).items()}
+    runs = {n: run_from(d) for n, d in old.get("runs", {}).items()}
     command = "python -m bench.live " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.report_only and old.get("command"):
         command = old["command"]  # the figures are still that run's

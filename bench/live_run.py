@@ -132,7 +132,7 @@ def train_models(data: Path, root: Path, stamp: str) -> None:
     mark.write_text(stamp)
 
 
-def _worker_pids(stack: Stack) -> dict[str, int]:
+def worker_pids(stack: Stack) -> dict[str, int]:
     return {
         c.name.removeprefix("worker-"): c.proc.pid
         for c in stack.supervisor.children
@@ -167,7 +167,7 @@ def private_redis(state: Path) -> Iterator[str]:
         sup.stop_all()
 
 
-def _preload_profiles(redis_url: str, prefix: str, state: Path) -> None:
+def preload_profiles(redis_url: str, prefix: str, state: Path) -> None:
     """Store the profiles measured on the first start under ``prefix``: the workers read them and skip
     profiling."""
     path = state / PROFILES
@@ -327,14 +327,14 @@ def run_policy(
         pool_file=setup.pool_file,
         start_timeout_s=1800.0,
     )
-    _preload_profiles(redis_url, prefix, setup.state_dir)
+    preload_profiles(redis_url, prefix, setup.state_dir)
     env = {**dispatcher_env, "CHIMERA_DISPATCHER_MAX_QUEUE_S": "0"}
     started = time.time()
     with running_stack(settings, setup.pool, dispatcher_env=env) as stack:
         pinned: dict[str, int] = {}
         if setup.pin_cores:
             engines = [e.id for e in setup.pool.engines]
-            pinned = pin_engines(_worker_pids(stack), core_plan(engines, sorted(os.sched_getaffinity(0))))
+            pinned = pin_engines(worker_pids(stack), core_plan(engines, sorted(os.sched_getaffinity(0))))
         profiles = _profiles(stack)
         t0 = time.monotonic()
         rows = asyncio.run(_drive(stack.dispatcher_addr, setup, key, name, problems, pins, offsets))
