@@ -49,10 +49,10 @@ class Phase:
     timeout_s: float = 600.0
     # "none": the door's own answers are counted; "default": the SDK's default RetryPolicy, as a user gets
     # it (refusals retried after their Retry-After), to see what a caller sees in the end.
-    # NOTE(overload-cancelled): under 10x overload with "default", 12-17% of calls end CANCELLED with
-    # details "CANCELLED" and debug string "CANCELLED:CANCELLED" (a status made by gRPC core, not the
-    # SDK's own cancel, which says "Locally cancelled by application!"), while arrivals go on; the cause
-    # is not yet known (gRPC core's 30 s unrequested-call timeout was ruled out), see the commit log.
+    # NOTE(overload-cancelled): under 10x overload with "default", 12-19% of calls used to end CANCELLED
+    # "CANCELLED": gRPC core at the dispatcher dropping calls its asyncio server had not picked up yet,
+    # once more than 1,000 waited (refused clients coming back together). The dispatcher now lets that
+    # backlog grow to its door limit (services.dispatcher.server.grpc_server_options).
     retry: str = "none"
 
 

@@ -200,6 +200,27 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):  # type: ignor
         )
 
 
+# How long gRPC core keeps a call that the asyncio server has not picked up yet (its default is 30 s).
+UNREQUESTED_S = 300
+
+
+def grpc_server_options(door_limit: int) -> list[tuple[str, int]]:
+    """gRPC core's bounds on calls that arrived but that the asyncio server has not picked up yet.
+
+    The asyncio server asks core for one call of a method at a time, as its loop turns; under a burst
+    (refused clients coming back after their Retry-After, all at once) the rest wait in core. Past
+    ``grpc.server.max_pending_requests`` (default 1000) core drops new calls at random, and all of them
+    past the hard limit (3000), or any that waited longer than the unrequested time: each one ends at
+    the client as CANCELLED "CANCELLED", which nothing retries, before the dispatcher ever saw it. Here
+    the backlog may grow to the door limit instead, where it is a hard stop anyway, so that a burst is
+    answered late (admitted, or RESOURCE_EXHAUSTED with a Retry-After) rather than dropped."""
+    return [
+        ("grpc.server.max_pending_requests", door_limit),
+        ("grpc.server.max_pending_requests_hard_limit", door_limit),
+        ("grpc.server_max_unrequested_time_in_server", UNREQUESTED_S),
+    ]
+
+
 class DispatcherServer:
     """A started front door: gRPC server, health, reflection and the reaper task, stopped together."""
 
@@ -210,7 +231,8 @@ class DispatcherServer:
         self.health = health.aio.HealthServicer()
         # A hard stop past the dispatcher's own bound on open requests (which answers first, with a
         # Retry-After); the headroom leaves room for health checks and later stages.
-        self.server = grpc.aio.server(maximum_concurrent_rpcs=self.settings.door_limit())
+        limit = self.settings.door_limit()
+        self.server = grpc.aio.server(maximum_concurrent_rpcs=limit, options=grpc_server_options(limit))
         self.port = 0
         self._reaper: asyncio.Task[None] | None = None
 
