@@ -33,10 +33,10 @@ from typing import Any
 from bench.learn_jobs import JobRun, JobsSetup, jobs_worker, retrain_and_reload, router_version
 from bench.learn_plan import map_examples, split
 from bench.learn_report import LoopRecord, beside_live, build, floors, markdown, score_version
-from bench.learn_serve import LabelRecord, serve_labels, serving_stack
+from bench.learn_serve import LabelRecord, serve_labels
 from bench.live import run_from  # the reader of stored PolicyRun records
 from bench.live_plan import WORKFLOW, arrival_offsets
-from bench.live_run import PROFILES, LiveSetup, private_redis, profile_alone, run_policy
+from bench.live_run import PROFILES, LiveSetup, private_redis, profile_alone, run_policy, serving_stack
 from bench.real import dataset_commit
 from services.collect.dataset import read_runs
 from services.collect.runner import select_engines

@@ -13,23 +13,17 @@ export reads, exactly as a framework's ``set_outcome`` would put them there.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
 
 from bench.learn_plan import TrainTask
-from bench.live_run import LiveSetup, preload_profiles, worker_pids
 from chimera.dispatcher.v1 import dispatcher_pb2_grpc as pb_grpc
-from services.collect.pinning import core_plan, pin_engines
 from services.demo.client import WorkflowRun, run_workflow
-from services.launcher.config import LauncherSettings
-from services.launcher.stack import Stack, running_stack
 from services.verify.answers import AnswerKey
 from services.workload.workflows import get_workflow
 
@@ -47,30 +41,6 @@ class LabelRecord:
     e2e_s: float
     completion_tokens: int
     error: str
-
-
-@contextlib.contextmanager
-def serving_stack(
-    setup: LiveSetup, redis_url: str, prefix: str, dispatcher_env: Mapping[str, str]
-) -> Iterator[tuple[Stack, dict[str, int]]]:
-    """A stack on ``redis_url`` under ``prefix`` with the run's measured profiles, each engine's worker
-    pinned to its core as ``bench.live``'s policy runs are; yields it and the threads pinned per engine."""
-    settings = LauncherSettings.ephemeral(
-        setup.state_dir,
-        redis_url=redis_url,
-        key_prefix=prefix,
-        pool_file=setup.pool_file,
-        start_timeout_s=1800.0,
-    )
-    preload_profiles(redis_url, prefix, setup.state_dir)
-    # The admission bound off, as in the eval passes: a pinned first stage is never refused or browned out.
-    env = {**dispatcher_env, "CHIMERA_DISPATCHER_MAX_QUEUE_S": "0"}
-    with running_stack(settings, setup.pool, dispatcher_env=env) as stack:
-        pinned: dict[str, int] = {}
-        if setup.pin_cores:
-            engines = [e.id for e in setup.pool.engines]
-            pinned = pin_engines(worker_pids(stack), core_plan(engines, sorted(os.sched_getaffinity(0))))
-        yield stack, pinned
 
 
 async def _engine_labels(

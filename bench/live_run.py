@@ -307,6 +307,30 @@ async def _drive(
         return list(await asyncio.gather(*jobs))
 
 
+@contextlib.contextmanager
+def serving_stack(
+    setup: LiveSetup, redis_url: str, prefix: str, dispatcher_env: Mapping[str, str]
+) -> Iterator[tuple[Stack, dict[str, int]]]:
+    """A stack on ``redis_url`` under ``prefix`` with the run's measured profiles, each engine's worker
+    pinned to its core as ``bench.live``'s policy runs are; yields it and the threads pinned per engine."""
+    settings = LauncherSettings.ephemeral(
+        setup.state_dir,
+        redis_url=redis_url,
+        key_prefix=prefix,
+        pool_file=setup.pool_file,
+        start_timeout_s=1800.0,
+    )
+    preload_profiles(redis_url, prefix, setup.state_dir)
+    # The admission bound off, as in the eval passes: a pinned first stage is never refused or browned out.
+    env = {**dispatcher_env, "CHIMERA_DISPATCHER_MAX_QUEUE_S": "0"}
+    with running_stack(settings, setup.pool, dispatcher_env=env) as stack:
+        pinned: dict[str, int] = {}
+        if setup.pin_cores:
+            engines = [e.id for e in setup.pool.engines]
+            pinned = pin_engines(worker_pids(stack), core_plan(engines, sorted(os.sched_getaffinity(0))))
+        yield stack, pinned
+
+
 def run_policy(
     setup: LiveSetup,
     name: str,
@@ -320,21 +344,8 @@ def run_policy(
     """One policy's replay of the trace on a fresh stack (on ``redis_url``, a key prefix of its own); the
     stack is stopped before this returns."""
     prefix = f"{KEY_PREFIX}{uuid.uuid4().hex[:8]}"
-    settings = LauncherSettings.ephemeral(
-        setup.state_dir,
-        redis_url=redis_url,
-        key_prefix=prefix,
-        pool_file=setup.pool_file,
-        start_timeout_s=1800.0,
-    )
-    preload_profiles(redis_url, prefix, setup.state_dir)
-    env = {**dispatcher_env, "CHIMERA_DISPATCHER_MAX_QUEUE_S": "0"}
     started = time.time()
-    with running_stack(settings, setup.pool, dispatcher_env=env) as stack:
-        pinned: dict[str, int] = {}
-        if setup.pin_cores:
-            engines = [e.id for e in setup.pool.engines]
-            pinned = pin_engines(worker_pids(stack), core_plan(engines, sorted(os.sched_getaffinity(0))))
+    with serving_stack(setup, redis_url, prefix, dispatcher_env) as (stack, pinned):
         profiles = _profiles(stack)
         t0 = time.monotonic()
         rows = asyncio.run(_drive(stack.dispatcher_addr, setup, key, name, problems, pins, offsets))
