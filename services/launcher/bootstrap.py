@@ -80,4 +80,15 @@ def _covers(kind_dir: Path, pool: PoolSpec) -> bool:
     if version is None:
         return False
     known = set(artifacts.load_meta(kind_dir, version).models)
-    return set(pool.models) <= known
+    missing = set(pool.models) - known
+    if missing:
+        # A retrained version that lacks a model (e.g. labels for one engine only) is replaced by a fresh
+        # bootstrap here; say so, since the operator's trained router stops serving.
+        log.warning(
+            "%s: current version %s knows no %s of this pool; training a bootstrap version to replace it"
+            " (the old version stays in the folder)",
+            kind_dir,
+            version,
+            sorted(missing),
+        )
+    return not missing
