@@ -32,7 +32,8 @@ def _verdict(rows: Mapping[str, Pair], side: str) -> dict[str, Any] | None:
     ll = got.get(LEAST_LOADED)
     # Both of Chimera's rules take part: the paper's (chimera-tau<x>) and the improved one the product also
     # ships (chimera-plus-tau<x>); the best's name says which won.
-    sweep = {n: o for n, o in got.items() if n.startswith(("chimera-tau", "chimera-plus-tau")) and o}
+    rules = ("chimera-tau", "chimera-plus-tau")
+    sweep = {n: o for n, o in got.items() if n.startswith(rules) and o is not None}
     if ll is None or not sweep:
         return None
     per_tau = {

@@ -8,8 +8,8 @@ degrades; see ``dispatch``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, TypeVar
 
 import grpc
 
@@ -64,6 +64,26 @@ class RouterClient:
         return [{m: min(1.0, max(0.0, float(v))) for m, v in row.confidence.items()} for row in resp.scores]
 
 
+R = TypeVar("R")
+
+
+def feature_rows(request: StageRequest, models: Sequence[str], row: Callable[..., R]) -> list[R]:
+    """The predictor's feature rows for ``request``, one per model, built by ``row``: the gRPC message
+    (``PredictorClient``) or the in-process input (``inline.InlinePredictor``), from the same fields."""
+    system, user, prompt = request.system_text(), request.user_text(), request.prompt_text()
+    return [
+        row(
+            model=m,
+            workflow=request.workflow,
+            stage=request.stage,
+            system_text=system,
+            user_text=user,
+            prompt_text=prompt,
+        )
+        for m in models
+    ]
+
+
 class PredictorClient:
     def __init__(self, channel: grpc.aio.Channel, timeout_s: float) -> None:
         self._stub = predictor_pb2_grpc.PredictorStub(channel)
@@ -76,20 +96,7 @@ class PredictorClient:
         self, asks: Sequence[tuple[StageRequest, Sequence[str]]]
     ) -> list[Mapping[str, Prediction]]:
         """Predictions for several requests (each on its models), in one call."""
-        rows = []
-        for request, models in asks:
-            system, user, prompt = request.system_text(), request.user_text(), request.prompt_text()
-            rows += [
-                predictor_pb2.FeatureRow(
-                    model=m,
-                    workflow=request.workflow,
-                    stage=request.stage,
-                    system_text=system,
-                    user_text=user,
-                    prompt_text=prompt,
-                )
-                for m in models
-            ]
+        rows = [r for ask, models in asks for r in feature_rows(ask, models, predictor_pb2.FeatureRow)]
         req = predictor_pb2.PredictRequest(rows=rows, quantiles=list(QUANTILES))
         try:
             resp = await self._stub.Predict(req, timeout=self._timeout_s)

@@ -30,9 +30,15 @@ from prometheus_client import CollectorRegistry
 
 from services.common.artifacts import ArtifactError, load_meta, load_version
 from services.common.metrics import ModelServiceMetrics
-from services.common.model_service import model_collector
+from services.common.model_service import ModelServiceSettings, model_collector
 from services.common.types import Prediction, StageRequest
-from services.dispatcher.clients import QUANTILES, ConfidenceSource, LengthSource, prediction_from_quantiles
+from services.dispatcher.clients import (
+    QUANTILES,
+    ConfidenceSource,
+    LengthSource,
+    feature_rows,
+    prediction_from_quantiles,
+)
 from services.predictor import backends as predictor_backends
 from services.predictor.config import PredictorSettings
 from services.predictor.features import PredictorInput
@@ -87,18 +93,7 @@ class InlinePredictor:
         self._timeout_s = timeout_s
 
     async def predict(self, request: StageRequest, models: Sequence[str]) -> Mapping[str, Prediction]:
-        system, user, prompt = request.system_text(), request.user_text(), request.prompt_text()
-        rows = [
-            PredictorInput(
-                model=m,
-                workflow=request.workflow,
-                stage=request.stage,
-                system_text=system,
-                user_text=user,
-                prompt_text=prompt,
-            )
-            for m in models
-        ]
+        rows = feature_rows(request, models, PredictorInput)
         async with asyncio.timeout(self._timeout_s):
             out = await self._service.predict(rows, WIRE_QUANTILES)
         quantiles = [wire_float(q) for q in out.quantiles]
@@ -106,6 +101,25 @@ class InlinePredictor:
             m: prediction_from_quantiles(quantiles, [wire_float(v) for v in values])
             for m, values in zip(models, out.values, strict=True)
         }
+
+
+def _collector(
+    settings: ModelServiceSettings,
+    batch_fn: Any,
+    label: str,
+    allowed: frozenset[str],
+    registry: CollectorRegistry | None,
+) -> Any:
+    """One model's collector as its service builds it, with the service's metrics names and only the CPU
+    backends ``allowed`` loadable."""
+    m = ModelServiceMetrics(registry or CollectorRegistry(), label)
+    return model_collector(
+        settings,
+        batch_fn,
+        on_batch=m.on_batch,
+        on_reload=m.on_reload,
+        loader=functools.partial(cpu_only, allowed),
+    )
 
 
 @contextlib.asynccontextmanager
@@ -120,22 +134,8 @@ async def inline_sources(
     ``timeouts_s``: the router's and the predictor's per-call deadlines. ``registry`` (the dispatcher's)
     gets the services' batch and artifact metrics under their own names (``chimera_router_*``...).
     """
-    rm = ModelServiceMetrics(registry or CollectorRegistry(), "router")
-    pm = ModelServiceMetrics(registry or CollectorRegistry(), "predictor")
-    rc = model_collector(
-        router,
-        score_batch,
-        on_batch=rm.on_batch,
-        on_reload=rm.on_reload,
-        loader=functools.partial(cpu_only, router_backends.INLINE_BACKENDS),
-    )
-    pc = model_collector(
-        predictor,
-        predict_batch,
-        on_batch=pm.on_batch,
-        on_reload=pm.on_reload,
-        loader=functools.partial(cpu_only, predictor_backends.INLINE_BACKENDS),
-    )
+    rc = _collector(router, score_batch, "router", router_backends.INLINE_BACKENDS, registry)
+    pc = _collector(predictor, predict_batch, "predictor", predictor_backends.INLINE_BACKENDS, registry)
     await rc.start()
     try:
         await pc.start()
