@@ -174,7 +174,13 @@ class AsyncClient:
         )
         try:
             async for resp in call:
-                yield _convert.event(resp)
+                ev = _convert.event(resp)
+                if isinstance(ev, Completion):
+                    # NOTE(sdk-close): the status follows the Completion at once. Take it before handing
+                    # the Completion on: a caller that stops reading there would otherwise reach the
+                    # cancel below first and reset a stream that had already succeeded.
+                    await call.code()
+                yield ev
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
         finally:
@@ -304,7 +310,10 @@ class Client:
         )
         try:
             for resp in call:
-                yield _convert.event(resp)
+                ev = _convert.event(resp)
+                if isinstance(ev, Completion):
+                    call.code()  # see NOTE(sdk-close)
+                yield ev
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
         finally:

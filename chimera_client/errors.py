@@ -26,7 +26,8 @@ class RequestTooLargeError(InvalidRequestError):
 
 
 class OverloadedError(ChimeraError):
-    """RESOURCE_EXHAUSTED with a ``retry_after_s``: the pool is full; try again after that long."""
+    """RESOURCE_EXHAUSTED for load: the pool is full; try again after ``retry_after_s`` (None when the
+    refusal came from gRPC's own concurrency limit, which names no time)."""
 
 
 class ModelNotFoundError(ChimeraError):
@@ -71,9 +72,17 @@ def from_rpc_error(e: grpc.RpcError) -> ChimeraError:
     details = e.details() if hasattr(e, "details") else str(e)
     retry_after = _retry_after(e)
     cls = _BY_CODE.get(code, ChimeraError)
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and retry_after is not None:
-        cls = OverloadedError  # busy, not too large: the front door says when to come back
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and (
+        retry_after is not None or _CORE_LIMIT in str(details or "")
+    ):
+        cls = OverloadedError  # busy, not too large: come back later
     return cls(code.name, str(details or ""), retry_after)
+
+
+# gRPC core's own refusal past a server's ``maximum_concurrent_rpcs``: busy, though it names no time to
+# come back (the retry policy's default wait applies). Chimera's dispatcher answers before core does, with a
+# Retry-After; this keeps the SDK right against a server or proxy that does not.
+_CORE_LIMIT = "Concurrent RPC limit exceeded"
 
 
 def _retry_after(e: grpc.RpcError) -> float | None:

@@ -25,6 +25,11 @@ class RetryPolicy:
     budget_s: float = 120.0  # total time spent trying, at most (the last wait is cut to what is left)
     default_wait_s: float = 1.0  # when the server said nothing about when to come back
     max_wait_s: float = 30.0  # one wait, at most (a far-off Retry-After is re-asked sooner)
+    # The n-th refusal in a row waits backoff**(n-1) times the base: a Retry-After is the server's estimate
+    # from the drain rate it measured, and a client refused again after waiting it out has learnt that
+    # the estimate was short (or that many others came back with it); waiting longer each time spreads
+    # the returns out instead of re-forming the burst.
+    backoff: float = 2.0
     unavailable: bool = True  # also retry UNAVAILABLE (only safe when every try carries the same request_id)
     # Each wait is stretched by a random fraction of itself up to this much: clients refused together (a
     # burst over the bound) are told the same Retry-After and would otherwise all come back at once.
@@ -42,12 +47,14 @@ class RetryPolicy:
     def retryable(self, exc: BaseException) -> bool:
         return isinstance(exc, OverloadedError) or (self.unavailable and isinstance(exc, UnavailableError))
 
-    def wait_s(self, exc: BaseException) -> float:
-        """How long to wait after ``exc``: what the server said, else the default, at most ``max_wait_s``;
-        then stretched by up to ``jitter`` of itself (never shorter than the server said)."""
+    def wait_s(self, exc: BaseException, failures: int = 1) -> float:
+        """How long to wait after ``exc``, the ``failures``-th retryable failure in a row: what the server
+        said, else the default, grown by ``backoff`` per earlier failure, at most ``max_wait_s``; then
+        stretched by up to ``jitter`` of itself (never shorter than the server said)."""
         told = exc.retry_after_s if isinstance(exc, ChimeraError) else None
-        base = min(self.max_wait_s, told if told is not None else self.default_wait_s)
-        return base * (1.0 + random.uniform(0.0, max(0.0, self.jitter)))
+        base = told if told is not None else self.default_wait_s
+        base *= max(1.0, self.backoff) ** max(0, failures - 1)
+        return min(self.max_wait_s, base) * (1.0 + random.uniform(0.0, max(0.0, self.jitter)))
 
 
 class Tries:
@@ -62,6 +69,7 @@ class Tries:
         self._started = time.monotonic()
         self._tried = False
         self._wait_s: float | None = None  # set by a failed try that is to be retried
+        self._failures = 0  # retryable failures so far (every try before a success failed)
 
     def _next_wait(self) -> float | None:
         """Seconds to sleep before the next try; None when there is no next try."""
@@ -100,7 +108,8 @@ class Tries:
         left = self._policy.budget_s - (time.monotonic() - self._started)
         if left <= 0:
             return False
-        self._wait_s = min(self._policy.wait_s(exc), left)
+        self._failures += 1
+        self._wait_s = min(self._policy.wait_s(exc, self._failures), left)
         return True
 
 
