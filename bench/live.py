@@ -17,10 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from bench.live_plan import (
@@ -260,6 +262,12 @@ def _env(name: str, engines: Sequence[str]) -> dict[str, str]:
     return {"CHIMERA_DISPATCHER_POLICY": p.dispatcher_policy, "CHIMERA_DISPATCHER_TAU": f"{p.tau:g}"}
 
 
+def _unwind(signum: int, _frame: FrameType | None) -> None:
+    # SIGTERM behaves like Ctrl-C: the stack's context managers stop its Redis, services and engines,
+    # which the default handler would leave running.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pool", default="qwen-coder-3", help="pool YAML or embedded pool name")
@@ -285,6 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, _unwind)
     pool_file = resolve_pool(Path(args.pool))
     pool = select_engines(load_pool(pool_file), args.engines)
     engines = tuple(e.id for e in pool.engines)
