@@ -128,6 +128,12 @@ class DispatcherSettings(CommonSettings):
         ge=1,
         description="requests one dispatcher process holds open; new workflows past it get 429",
     )
+    door_headroom: int | None = Field(
+        default=None,
+        ge=1,
+        description="calls each door (gRPC, HTTP) holds beyond max_open_requests before it answers 429 "
+        "to any call; unset: max(256, max_open_requests / 4)",
+    )
     program_ttl_s: int = Field(
         default=3600, ge=1, description="an idle program's assignment expires after this"
     )
@@ -296,9 +302,11 @@ class DispatcherSettings(CommonSettings):
         return self
 
     def door_limit(self) -> int:
-        """Calls / connections a door takes at most: a hard stop with headroom above ``max_open_requests``
-        (which answers first, with 429 and a Retry-After)."""
-        return self.max_open_requests + max(256, self.max_open_requests // 4)
+        """Calls a door holds open at most (its ``DoorGate``); past it every call gets 429 /
+        RESOURCE_EXHAUSTED with a Retry-After. The headroom above ``max_open_requests`` (which refuses new
+        workflows first) is for the later stages of admitted workflows, which that bound lets in."""
+        headroom = self.door_headroom or max(256, self.max_open_requests // 4)
+        return self.max_open_requests + headroom
 
     def bounds(self) -> Bounds:
         """The admission bounds as the pure admission function takes them."""

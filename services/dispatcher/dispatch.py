@@ -36,6 +36,7 @@ from services.dispatcher.auth import Authenticator, keys_required
 from services.dispatcher.clients import ConfidenceSource, LengthSource
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.decision import Timings, decision_record, detour_record, ms_since
+from services.dispatcher.door import OPEN_RETRY_S
 from services.dispatcher.errors import (
     DispatchError,
     DuplicateRequest,
@@ -67,7 +68,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _IDS_TTL_S = 1.0
-_OPEN_RETRY_S = 1.0  # a full dispatcher frees a slot as soon as any stream ends
 
 
 def _duplicate(req: StageRequest) -> DuplicateRequest:
@@ -240,7 +240,7 @@ class Dispatcher:
         max_load = 0  # in-flight tokens the engine may hold for this request to join (0: no bound)
         if not program and self.open_requests > self.settings.max_open_requests:
             # Only a new workflow: an admitted one's later stages always get in.
-            raise Overloaded(f"this dispatcher holds {self.open_requests} open requests", _OPEN_RETRY_S)
+            raise Overloaded(f"this dispatcher holds {self.open_requests} open requests", OPEN_RETRY_S)
         with _policy_errors():
             if program:
                 margin = self._gate.bounds.brownout_margin
