@@ -4,7 +4,7 @@ The asyncio gRPC server picks up one call of a method at a time, as its loop tur
 gRPC core, which by default drops new calls at random once more than 1,000 wait and every one past 3,000,
 each ending CANCELLED "CANCELLED" at the client (nothing retries it). Refused clients coming back after the
 same Retry-After make exactly such bursts: under 10x overload with the SDK's retries, 12-19% of calls ended
-that way. The dispatcher lets that backlog grow to its door limit (``grpc_server_options``).
+that way. The dispatcher lets that backlog grow to its hard stop (``grpc_server_options``).
 
 The test freezes the dispatcher (SIGSTOP) while a burst of calls is sent, so that on SIGCONT gRPC core reads
 them all at once, far faster than the loop picks them up.

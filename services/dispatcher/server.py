@@ -22,6 +22,7 @@ from services.common import tls
 from services.common.grpc_status import status_codes
 from services.common.types import ChatMessage
 from services.dispatcher.dispatch import Dispatcher
+from services.dispatcher.door import DoorGate, backstop
 from services.dispatcher.errors import DispatchError, InvalidRequest, Overloaded
 from services.dispatcher.handoff import Delta, Final
 from services.dispatcher.intake import Intake
@@ -147,8 +148,14 @@ def _authorization(context: grpc.aio.ServicerContext) -> str | None:
 
 
 class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):  # type: ignore[misc]
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    """Every call of the Dispatcher service holds a place at the door's gate while it runs (Generate: its
+    whole stream), so that a full door answers RESOURCE_EXHAUSTED with a retry-after trailer, as any
+    overload is answered. ListModels too: it is cheap but a burst of it fills the transport all the same.
+    Health and reflection are other servicers and never meet the gate."""
+
+    def __init__(self, dispatcher: Dispatcher, gate: DoorGate) -> None:
         self._d = dispatcher
+        self.gate = gate
 
     async def _tenant(self, context: grpc.aio.ServicerContext) -> str:
         return (await self._d.auth.principal(_authorization(context))).tenant
@@ -157,33 +164,37 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):  # type: ignor
     async def Generate(  # noqa: N802 (gRPC method name)
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
-        tenant = await self._tenant(context)
-        decoded(request)
-        dispatched = await self._d.submit(intake_of(request), tenant)
-        async for item in self._d.stream(dispatched):
-            if isinstance(item, Delta):
-                yield pb.GenerateResponse(delta=pb.TextDelta(text=item.text, attempt=item.attempt))
-            else:
-                yield pb.GenerateResponse(final=_completion(item))
+        with self.gate.held():
+            tenant = await self._tenant(context)
+            decoded(request)
+            dispatched = await self._d.submit(intake_of(request), tenant)
+            async for item in self._d.stream(dispatched):
+                if isinstance(item, Delta):
+                    yield pb.GenerateResponse(delta=pb.TextDelta(text=item.text, attempt=item.attempt))
+                else:
+                    yield pb.GenerateResponse(final=_completion(item))
 
     @_status_codes
     async def EndProgram(  # noqa: N802
         self, request: pb.EndProgramRequest, context: grpc.aio.ServicerContext
     ) -> pb.EndProgramResponse:
-        tenant = await self._tenant(context)
-        decoded(request)
-        outcome = request.outcome if request.HasField("outcome") else None
-        end = await self._d.end_program(request.program_id, outcome, tenant)
+        with self.gate.held():
+            tenant = await self._tenant(context)
+            decoded(request)
+            outcome = request.outcome if request.HasField("outcome") else None
+            end = await self._d.end_program(request.program_id, outcome, tenant)
         return pb.EndProgramResponse(found=end.found, cancelled_requests=end.cancelled_requests)
 
     @_status_codes
     async def ListModels(  # noqa: N802
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListModelsResponse:
-        tenant = await self._tenant(context)
-        decoded(request)
+        with self.gate.held():
+            tenant = await self._tenant(context)
+            decoded(request)
+            snaps = await self._d.quotas.visible(tenant, await self._d.engines())
         by_model: dict[str, list[pb.EngineStatus]] = defaultdict(list)
-        for snap in await self._d.quotas.visible(tenant, await self._d.engines()):
+        for snap in snaps:
             by_model[snap.model].append(
                 pb.EngineStatus(
                     engine_id=snap.engine_id,
@@ -204,7 +215,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):  # type: ignor
 UNREQUESTED_S = 300
 
 
-def grpc_server_options(door_limit: int) -> list[tuple[str, int]]:
+def grpc_server_options(hard_stop: int) -> list[tuple[str, int]]:
     """gRPC core's bounds on calls that arrived but that the asyncio server has not picked up yet.
 
     The asyncio server asks core for one call of a method at a time, as its loop turns; under a burst
@@ -212,11 +223,12 @@ def grpc_server_options(door_limit: int) -> list[tuple[str, int]]:
     ``grpc.server.max_pending_requests`` (default 1000) core drops new calls at random, and all of them
     past the hard limit (3000), or any that waited longer than the unrequested time: each one ends at
     the client as CANCELLED "CANCELLED", which nothing retries, before the dispatcher ever saw it. Here
-    the backlog may grow to the door limit instead, where it is a hard stop anyway, so that a burst is
-    answered late (admitted, or RESOURCE_EXHAUSTED with a Retry-After) rather than dropped."""
+    the backlog may grow to the server's hard stop (``maximum_concurrent_rpcs``) instead, past which
+    calls are refused anyway, so that a burst is answered late (admitted, or RESOURCE_EXHAUSTED with a
+    Retry-After from the door's gate) rather than dropped."""
     return [
-        ("grpc.server.max_pending_requests", door_limit),
-        ("grpc.server.max_pending_requests_hard_limit", door_limit),
+        ("grpc.server.max_pending_requests", hard_stop),
+        ("grpc.server.max_pending_requests_hard_limit", hard_stop),
         ("grpc.server_max_unrequested_time_in_server", UNREQUESTED_S),
     ]
 
@@ -229,17 +241,20 @@ class DispatcherServer:
         self.settings = dispatcher.settings
         self._redis = redis
         self.health = health.aio.HealthServicer()
-        # A hard stop past the dispatcher's own bound on open requests (which answers first, with a
-        # Retry-After); the headroom leaves room for health checks and later stages.
-        limit = self.settings.door_limit()
-        self.server = grpc.aio.server(maximum_concurrent_rpcs=limit, options=grpc_server_options(limit))
+        # The gate answers a full door with a retry-after; gRPC core's own limit refuses bare (the SDK
+        # reads that as "too large" and gives up), so it is only a backstop well above the gate, with room
+        # for health checks and for the calls being refused.
+        self.gate = DoorGate(self.settings.door_limit())
+        hard_stop = backstop(self.gate.limit)
+        options = grpc_server_options(hard_stop)
+        self.server = grpc.aio.server(maximum_concurrent_rpcs=hard_stop, options=options)
         self.port = 0
         self._reaper: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
         """Bind, start serving and reaping; returns the bound port."""
         s = self.settings
-        add_servicer(DispatcherServicer(self.dispatcher), self.server)
+        add_servicer(DispatcherServicer(self.dispatcher, self.gate), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
