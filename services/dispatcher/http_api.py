@@ -30,16 +30,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from services.common import tls
 from services.common.types import ChatMessage
 from services.dispatcher.dispatch import Dispatcher
+from services.dispatcher.door import DoorGate, backstop
 from services.dispatcher.errors import DispatchError, Overloaded
 from services.dispatcher.handoff import Delta, Dispatched, Final
 from services.dispatcher.http_doc import document
 from services.dispatcher.http_input import (
     BodyLimit,
     BodyTooLarge,
+    DoorGuard,
     Identity,
     chat_messages,
     check_metadata,
     error_response,
+    overloaded_response,
     prompt_messages,
     resolve_identity,
 )
@@ -65,6 +68,7 @@ class OpenAIFrontDoor:
 
     def __init__(self, dispatcher: Dispatcher) -> None:
         self._d = dispatcher
+        self.gate = DoorGate(dispatcher.settings.door_limit())
 
     def app(self) -> FastAPI:
         app = FastAPI(title="Chimera (OpenAI-compatible)", docs_url=None, redoc_url=None)
@@ -77,6 +81,8 @@ class OpenAIFrontDoor:
         app.add_exception_handler(StarletteHTTPException, _http_error)
         app.add_exception_handler(Exception, _unexpected_error)
         app.add_middleware(BodyLimit, limit=self._d.settings.max_body_bytes)
+        # Added last, so outermost: a full door refuses before the body is read. The probe never waits.
+        app.add_middleware(DoorGuard, gate=self.gate, exempt=frozenset({"/health"}))
         document(app, self._d.settings)  # /openapi.json: headers, limits and error statuses as served
         return app
 
@@ -239,9 +245,7 @@ def _sse(body: Mapping[str, Any]) -> str:
 async def _dispatch_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, DispatchError)
     if isinstance(exc, Overloaded):
-        # Busy is not down: 429 with when to come back, in OpenAI's rate-limit shape (never 503).
-        body = error_body(str(exc), "rate_limit_error", "rate_limit_exceeded")
-        return error_response(429, body, exc.retry_after)
+        return overloaded_response(exc)
     return error_response(*domain_error(exc.code, str(exc)))
 
 
@@ -316,8 +320,8 @@ class HttpServer:
             lifespan="off",
             access_log=False,
             timeout_graceful_shutdown=max(1, int(self._grace_s)),
-            # uvicorn answers 503 past this: only a hard stop well above the dispatcher's own bound, which
-            # refuses first with 429 and a Retry-After.
+            # uvicorn answers 503 past this, and counts connections (idle keep-alive ones too), not just
+            # requests: only a backstop, well above the door's gate, which refuses first with a 429.
             limit_concurrency=self._limit,
             backlog=4096,
             timeout_keep_alive=self._keepalive_s,  # see NOTE(keepalive) in config.py
@@ -348,6 +352,7 @@ def build_http_server(dispatcher: Dispatcher) -> HttpServer:
     s = dispatcher.settings
     app = OpenAIFrontDoor(dispatcher).app()
     transport = tls.server_tls(s.tls_cert_file, s.tls_key_file)
+    hard_stop = backstop(s.door_limit())
     return HttpServer(
-        app, s.http_host or s.host, s.http_port, s.grace_s, s.door_limit(), transport, s.http_keepalive_s
+        app, s.http_host or s.host, s.http_port, s.grace_s, hard_stop, transport, s.http_keepalive_s
     )

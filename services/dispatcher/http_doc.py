@@ -69,6 +69,17 @@ _AUTH_RESPONSES: JSONObj = {
     _status("PERMISSION_DENIED"): _error("the key's tenant may not do this"),
 }
 
+# Busy, on any call but the probe: the door holds its limit of open calls (door.py), never a 503.
+_FULL_DOOR = _error(
+    "the door holds its limit of open calls: come back later (never a 503)",
+    **{"Retry-After": "whole seconds"},
+)
+_FULL_DOOR_OR_POOL = _error(
+    "the pool is over its queue bound, or the door holds its limit of open calls: come back later "
+    "(never a 503)",
+    **{"Retry-After": "whole seconds, from the queue's measured drain rate where the pool is full"},
+)
+
 
 def generation_responses() -> JSONObj:
     """Every status the generation routes answer, keyed as OpenAPI keys them."""
@@ -85,10 +96,7 @@ def generation_responses() -> JSONObj:
             "the stage goes backwards, reuses a request id, or contradicts the program's pinned model"
         ),
         _status("RESOURCE_EXHAUSTED"): _error("a size over its limit (messages, prompt, metadata, body)"),
-        "429": _error(
-            "the pool is over its queue bound: come back later (never a 503)",
-            **{"Retry-After": "whole seconds, from the queue's measured drain rate"},
-        ),
+        "429": _FULL_DOOR_OR_POOL,
         _status("UNAVAILABLE"): _error(
             "no live engine, Redis unreachable, or the program's engine dead with nowhere to move"
         ),
@@ -184,7 +192,9 @@ def describe(app: FastAPI, s: DispatcherSettings) -> JSONObj:
         op["responses"] = generation_responses()
         op["requestBody"]["description"] = f"JSON, at most {s.max_body_bytes} bytes (413 before parsing)"
     models = doc["paths"]["/v1/models"]["get"]
-    models["responses"].update({**_AUTH_RESPONSES, _status("UNAVAILABLE"): _error("Redis unreachable")})
+    models["responses"].update(
+        {**_AUTH_RESPONSES, "429": _FULL_DOOR, _status("UNAVAILABLE"): _error("Redis unreachable")}
+    )
     # An API key (auth.py), as the bearer token; where keys are not required (auth=auto on loopback, or
     # off) calling without one is documented as the other choice.
     doc["components"]["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}

@@ -1,5 +1,5 @@
-"""What the HTTP door takes in, before the shared intake: the body-size guard, headers and ``metadata`` as
-a workflow identity, OpenAI messages as Chimera's. Pure apart from the ASGI guard.
+"""What the HTTP door takes in, before the shared intake: the door's gate, the body-size guard, headers
+and ``metadata`` as a workflow identity, OpenAI messages as Chimera's. Pure apart from the ASGI guards.
 
 NOTE(identity): a workflow is named by headers (``X-Chimera-Program-Id``, ``X-Chimera-Stage``,
 ``X-Chimera-Workflow``) or by the same names in the request's ``metadata`` (``program_id``, ``stage``,
@@ -11,6 +11,7 @@ lets a framework that can only set one header still run a multi-stage workflow.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
 from collections.abc import Mapping
@@ -22,8 +23,14 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.common.types import ChatMessage
-from services.dispatcher.errors import InvalidRequest, RequestTooLarge
-from services.dispatcher.openai_schema import ChatCompletionRequest, CompletionRequest, domain_error
+from services.dispatcher.door import DoorGate
+from services.dispatcher.errors import InvalidRequest, Overloaded, RequestTooLarge
+from services.dispatcher.openai_schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    domain_error,
+    error_body,
+)
 from services.dispatcher.validate import MAX_TIMEOUT_MS, check_text
 
 H_PROGRAM, H_STAGE, H_WORKFLOW = "x-chimera-program-id", "x-chimera-stage", "x-chimera-workflow"
@@ -42,6 +49,32 @@ def error_response(status: int, body: dict[str, Any], retry_after: str | None = 
     if status == 401:
         headers["www-authenticate"] = 'Bearer realm="chimera"'
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def overloaded_response(e: Overloaded) -> JSONResponse:
+    # Busy is not down: 429 with when to come back, in OpenAI's rate-limit shape (never 503).
+    return error_response(429, error_body(str(e), "rate_limit_error", "rate_limit_exceeded"), e.retry_after)
+
+
+class DoorGuard:
+    """ASGI guard: every HTTP request but the ``exempt`` paths (probes) holds a place at ``gate`` until its
+    response is sent, a streamed one to its last event or until the client goes away. A full gate answers
+    429 with a Retry-After before anything is read, so that uvicorn's own limit (a 503) stays a backstop."""
+
+    def __init__(self, app: ASGIApp, gate: DoorGate, exempt: frozenset[str] = frozenset()) -> None:
+        self.app, self.gate, self.exempt = app, gate, exempt
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.exempt:
+            await self.app(scope, receive, send)
+            return
+        with contextlib.ExitStack() as place:
+            try:
+                place.enter_context(self.gate.held())
+            except Overloaded as e:  # only the gate's refusal: the app's own errors are its handlers'
+                await overloaded_response(e)(scope, receive, send)
+                return
+            await self.app(scope, receive, send)
 
 
 class BodyTooLarge(HTTPException):
