@@ -112,6 +112,15 @@ bench-live: proto  ## one Poisson trace of held-out HumanEval planner->coder wor
 	nice -n 19 $(PY) -m bench.live $(if $(POLICIES),--policies $(POLICIES))
 	$(PY) -m bench.real  # folds the live figures into real.json
 
+.PHONY: bench-live-seeds
+SEEDS ?= 1 2 3
+SEED_POLICIES ?= least-loaded chimera-tau0.5
+bench-live-seeds: proto  ## more arrival traces (SEEDS=) of the live must-show (SEED_POLICIES=), pooled with seed 0 and paired by workflow (bench/results/real_live_seed*/, real_live_seeds.*; ~20 min per seed on 2 cores)
+	for s in $(SEEDS); do nice -n 19 $(PY) -m bench.live --seed $$s --policies $(SEED_POLICIES) \
+	  --out bench/results/real_live_seed$$s || exit 1; done
+	$(PY) -m bench.live_seeds
+	$(PY) -m bench.real  # folds the pooled verdict into real.json
+
 .PHONY: bench-learn
 bench-learn: proto  ## the learning loop live on the real Qwen2.5-Coder 0.5B/1.5B engines: synthetic bootstrap, eval at tau 2, 10 min of verified labels, Celery retrain and hot reload, eval again (bench/results/real_learn.*; ~22 min on 2 cores)
 	nice -n 19 $(PY) -m bench.learn_live

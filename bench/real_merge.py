@@ -15,6 +15,7 @@ from typing import Any
 
 LIVE = "real_live.json"
 LEARN = "real_learn.json"
+POOLED = "real_live_seeds.json"  # bench.live_seeds: the must-show over several traces
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -51,9 +52,10 @@ def _learn(d: Mapping[str, Any]) -> dict[str, Any]:
 
 def companions(out: Path) -> dict[str, Any]:
     """``{"live": ..., "learning_loop": ...}`` from the files beside ``real.json``; None for a missing one."""
-    live, learn = _read(out / LIVE), _read(out / LEARN)
+    live, learn, pooled = _read(out / LIVE), _read(out / LEARN), _read(out / POOLED)
     return {
         "live": None if live is None else _live(live),
+        "live_pooled": None if pooled is None else {"source": POOLED, **pooled},
         "learning_loop": None if learn is None else _learn(learn),
     }
 
@@ -86,6 +88,19 @@ def markdown(c: Mapping[str, Any]) -> list[str]:
                 f"Must show (live): best Chimera `{verdict['best_tau']}`"
                 f" **{'holds' if verdict['holds'] else 'does not hold'}** against least-loaded.",
             ]
+    pooled = c.get("live_pooled")
+    if pooled is not None:
+        nan = float("nan")
+        best = pooled["best_tau"]
+        v = pooled["verdicts"].get(best) or {}
+        lines += [
+            "",
+            f"Must show over {len(pooled['traces'])} traces ({', '.join(pooled['traces'])};"
+            f" `real_live_seeds.md`, paired by workflow): best Chimera `{best}`"
+            f" **{'holds' if pooled['holds'] else 'does not hold'}**:"
+            f" pass {v.get('score_gain', nan):+.3f},"
+            f" mean E2E {v.get('e2e_mean_change_s', nan):+.1f} s against least-loaded.",
+        ]
     lines += ["", "## The learning loop live (`real_learn.*`)", ""]
     learn = c.get("learning_loop")
     lines.append(

@@ -14,7 +14,7 @@ def _side(score: float, mean: float) -> dict[str, object]:
 
 def test_missing_companions_are_reported_missing(tmp_path: Path) -> None:
     c = companions(tmp_path)
-    assert c == {"live": None, "learning_loop": None}
+    assert c == {"live": None, "live_pooled": None, "learning_loop": None}
     text = "\n".join(markdown(c))
     assert "Not run yet (`make bench-live`" in text and "Not run yet (`make bench-learn`" in text
 
