@@ -54,7 +54,7 @@ def pool(traces: Mapping[str, Mapping[str, Any]], seed: int = 0) -> dict[str, An
     """The pooled table, the per-trace table and the verdict for every Chimera tau run on all traces."""
     per = {t: _per_policy(d) for t, d in traces.items()}
     common = sorted(set.intersection(*(set(p) for p in per.values())))
-    rows = {}
+    rows: dict[str, dict[str, Any]] = {}
     for name in common:
         scores = [s for t in per for s in per[t][name][0]]
         e2e = [e for t in per for e in per[t][name][1]]
@@ -69,16 +69,15 @@ def pool(traces: Mapping[str, Mapping[str, Any]], seed: int = 0) -> dict[str, An
             },
         }
     rng = np.random.default_rng(seed)
-    verdicts = {}
+    verdicts: dict[str, dict[str, Any]] = {}
     if LEAST_LOADED in rows:
         ll = np.array([e for t in per for e in per[t][LEAST_LOADED][1]])
         ll_s = np.array([s for t in per for s in per[t][LEAST_LOADED][0]])
         for name in common:
             if not name.startswith("chimera"):
                 continue
-            e2e = np.array([e for t in per for e in per[t][name][1]])
-            sc = np.array([s for t in per for s in per[t][name][0]])
-            d_e2e, d_score = e2e - ll, sc - ll_s
+            d_e2e = np.array([e for t in per for e in per[t][name][1]]) - ll
+            d_score = np.array([s for t in per for s in per[t][name][0]]) - ll_s
             verdicts[name] = {
                 "score_gain": float(d_score.mean()),
                 "score_gain_90": _boot(d_score, rng),
