@@ -43,3 +43,13 @@ class Service:
 
     def stop(self) -> int:
         return stop_service(self.proc)
+
+
+def dispatcher_env(redis_url: str, key_prefix: str, **settings: str) -> dict[str, str]:
+    """A dispatcher's environment on this Redis and prefix, every port picked by the OS; ``settings`` adds
+    ``CHIMERA_DISPATCHER_<NAME>`` values (``grace_s="1"``)."""
+    env = {"CHIMERA_REDIS_URL": redis_url, "CHIMERA_KEY_PREFIX": key_prefix}
+    for name in ("port", "http_port", "metrics_port"):
+        env[f"CHIMERA_DISPATCHER_{name.upper()}"] = "0"
+    env.update({f"CHIMERA_DISPATCHER_{k.upper()}": v for k, v in settings.items()})
+    return env

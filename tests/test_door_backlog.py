@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from service_proc import Service
+from service_proc import Service, dispatcher_env
 
 from chimera.dispatcher.v1 import dispatcher_pb2 as pb
 from chimera.dispatcher.v1 import dispatcher_pb2_grpc
@@ -45,15 +45,7 @@ def test_the_backlog_bounds_are_the_door_limit() -> None:
 
 @pytest.fixture
 def dispatcher(private_redis: PrivateRedis, keys: Keys) -> Iterator[tuple[Service, str]]:
-    env = {
-        "CHIMERA_REDIS_URL": private_redis.url,
-        "CHIMERA_KEY_PREFIX": keys.prefix,
-        "CHIMERA_DISPATCHER_PORT": "0",
-        "CHIMERA_DISPATCHER_HTTP_PORT": "0",
-        "CHIMERA_DISPATCHER_METRICS_PORT": "0",
-        "CHIMERA_DISPATCHER_GRACE_S": "1",
-    }
-    d = Service("services.dispatcher", env)
+    d = Service("services.dispatcher", dispatcher_env(private_redis.url, keys.prefix, grace_s="1"))
     try:
         port = d.wait_for(_SERVING).group(1)
         yield d, f"127.0.0.1:{port}"

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 from dispatcher_fakes import simulated_stack
-from service_proc import Service
+from service_proc import Service, dispatcher_env
 
 from services.common.keys import Keys
 from services.launcher.stack import Stack
@@ -31,21 +31,16 @@ _SERVING = re.compile(r"serving on \S+:(\d+) ")
 
 
 def _replica(stack: Stack, name: str) -> tuple[Service, str]:
-    svc = Service(
-        "services.dispatcher",
-        {
-            "CHIMERA_REDIS_URL": stack.redis_url,
-            "CHIMERA_KEY_PREFIX": stack.key_prefix,
-            "CHIMERA_DISPATCHER_PORT": "0",
-            "CHIMERA_DISPATCHER_HTTP_PORT": "0",
-            "CHIMERA_DISPATCHER_METRICS_PORT": "0",
-            "CHIMERA_DISPATCHER_ROUTER_ADDR": stack.router_addr,
-            "CHIMERA_DISPATCHER_PREDICTOR_ADDR": stack.predictor_addr,
-            "CHIMERA_DISPATCHER_REPLICA": name,
-            "CHIMERA_DISPATCHER_REAPER_INTERVAL_S": "0.5",
-            "CHIMERA_DISPATCHER_GRACE_S": "1",
-        },
+    env = dispatcher_env(
+        stack.redis_url,
+        stack.key_prefix,
+        router_addr=stack.router_addr,
+        predictor_addr=stack.predictor_addr,
+        replica=name,
+        reaper_interval_s="0.5",
+        grace_s="1",
     )
+    svc = Service("services.dispatcher", env)
     return svc, f"127.0.0.1:{svc.wait_for(_SERVING).group(1)}"
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from pydantic import ValidationError
-from service_proc import Service
+from service_proc import Service, dispatcher_env
 from test_router_process import _fake_rows
 from tls_certs import Pki, make_pki
 
@@ -96,16 +96,13 @@ def test_uvicorn_asks_for_client_certificates_only_when_mutual(pki: Pki) -> None
 def test_both_doors_serve_tls_and_refuse_plaintext(
     private_redis: PrivateRedis, keys: Keys, pki: Pki, services: list[Service]
 ) -> None:
-    env = {
-        "CHIMERA_REDIS_URL": private_redis.url,
-        "CHIMERA_KEY_PREFIX": keys.prefix,
-        "CHIMERA_DISPATCHER_PORT": "0",
-        "CHIMERA_DISPATCHER_HTTP_PORT": "0",
-        "CHIMERA_DISPATCHER_METRICS_PORT": "0",
-        "CHIMERA_DISPATCHER_TLS_CERT_FILE": str(pki.server.cert),
-        "CHIMERA_DISPATCHER_TLS_KEY_FILE": str(pki.server.key),
-        "CHIMERA_DISPATCHER_GRACE_S": "1",
-    }
+    env = dispatcher_env(
+        private_redis.url,
+        keys.prefix,
+        tls_cert_file=str(pki.server.cert),
+        tls_key_file=str(pki.server.key),
+        grace_s="1",
+    )
     d = Service("services.dispatcher", env)
     services.append(d)
     serving = d.wait_for(_SERVING)
