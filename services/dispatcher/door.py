@@ -4,8 +4,9 @@ Each door (gRPC, HTTP) holds its own ``DoorGate``. Past the gate's limit a call 
 ``Overloaded``, which both doors already answer as overload should be answered (gRPC RESOURCE_EXHAUSTED with
 a ``retry-after`` trailer, HTTP 429 with Retry-After in OpenAI's shape). The transports' own hard stops
 (gRPC core's ``maximum_concurrent_rpcs``, uvicorn's ``limit_concurrency``) answer neither way: a bare
-RESOURCE_EXHAUSTED the SDK reads as "too large" and never retries, and a 503. So they stay only as
-backstops above the gate (``backstop``), never the limit a busy dispatcher actually meets.
+RESOURCE_EXHAUSTED naming no time to come back (clients other than this SDK read it as "too large"), and
+a 503. So they stay only as backstops above the gate (``backstop``), never the limit a busy dispatcher
+actually meets.
 
 The gate counts calls, not workflows: ``max_open_requests`` refuses new workflows first, and the gate
 catches what that bound lets through (an admitted workflow's later stages, and calls that are not stages).

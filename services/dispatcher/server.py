@@ -241,9 +241,9 @@ class DispatcherServer:
         self.settings = dispatcher.settings
         self._redis = redis
         self.health = health.aio.HealthServicer()
-        # The gate answers a full door with a retry-after; gRPC core's own limit refuses bare (the SDK
-        # reads that as "too large" and gives up), so it is only a backstop well above the gate, with room
-        # for health checks and for the calls being refused.
+        # The gate answers a full door with a retry-after; gRPC core's own limit refuses bare, naming no
+        # time to come back, so it is only a backstop well above the gate, with room for health checks and
+        # for the calls being refused.
         self.gate = DoorGate(self.settings.door_limit())
         hard_stop = backstop(self.gate.limit)
         options = grpc_server_options(hard_stop)
