@@ -3,16 +3,22 @@ reduced with truncated SVD to a few dense columns a tree can split on.
 
 Fitted on the distinct task texts only: a task appears once per stage and per model in the traces, and
 counting it several times would only reweight the vocabulary toward the longest workflows.
+
+Serving projects each text through ``TfidfRows`` and the SVD's components directly (the SVD's transform is
+the product with its components): scikit-learn's per-call checks cost several times the arithmetic on one
+row (services/common/tfidf_rows.py). ``transform_sklearn`` is the reference path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from sklearn.decomposition import TruncatedSVD
 from sklearn.feature_extraction.text import TfidfVectorizer
 
+from services.common.tfidf_rows import TfidfRows
 from services.predictor.features import Matrix, PredictorInput
 
 
@@ -28,6 +34,8 @@ class TextSketch:
         self._fitted = False
         self._seed = seed
         self._width = components
+        self._rows: TfidfRows | None = None
+        self._basis: Matrix | None = None  # [vocabulary, width]: the SVD's components, transposed
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -49,8 +57,27 @@ class TextSketch:
         if self._width:
             self._svd = TruncatedSVD(n_components=self._width, random_state=self._seed)
             self._svd.fit(tfidf)
+        self._fold()
+
+    def _fold(self) -> None:
+        if self._svd is None:
+            self._rows, self._basis = None, None
+            return
+        self._rows = TfidfRows(self._vectorizer)
+        self._basis = np.ascontiguousarray(np.asarray(self._svd.components_, dtype=np.float64).T)
 
     def transform(self, rows: Sequence[PredictorInput]) -> Matrix:
+        if not self._fitted:
+            raise RuntimeError("TextSketch is not fitted")
+        if self._rows is None or self._basis is None:
+            return np.zeros((len(rows), 0), dtype=np.float64)
+        out = np.empty((len(rows), self._basis.shape[1]), dtype=np.float64)
+        for i, r in enumerate(rows):
+            out[i] = self._rows.dot(r.user_text, self._basis)
+        return out
+
+    def transform_sklearn(self, rows: Sequence[PredictorInput]) -> Matrix:
+        """``transform`` through scikit-learn's vectorizer and SVD (slower; for checking)."""
         if not self._fitted:
             raise RuntimeError("TextSketch is not fitted")
         if self._svd is None:
@@ -59,3 +86,14 @@ class TextSketch:
             self._svd.transform(self._vectorizer.transform([r.user_text for r in rows])), dtype=np.float64
         )
         return out
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The folded serving form is derived: artifacts keep the fitted parts, loading rebuilds it.
+        state = dict(self.__dict__)
+        state.pop("_rows", None)
+        state.pop("_basis", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._fold()

@@ -43,6 +43,17 @@ class WorkflowEncoder:
     def fit(self, workflows: Sequence[str]) -> None:
         self._index = {w: i for i, w in enumerate(sorted(set(workflows)))}
 
+    @property
+    def width(self) -> int:
+        return len(self._index)
+
+    def known(self) -> tuple[str, ...]:
+        return tuple(self._index)
+
+    def column(self, workflow: str) -> int | None:
+        """The column ``workflow`` sets to ``weight``; None for a type unseen at fit time."""
+        return self._index.get(workflow)
+
     def transform(self, workflows: Sequence[str]) -> F64:
         out = np.zeros((len(workflows), len(self._index)), dtype=np.float64)
         for i, w in enumerate(workflows):
@@ -80,6 +91,27 @@ class LinearHeads:
             self._heads[m] = head
         if not self.models:
             raise ValueError("no examples to fit the router heads on")
+
+    def linear_form(self, width: int) -> tuple[F64, F64, F64]:
+        """The heads as one affine map over ``width`` features: (coef [width, models], intercept [models],
+        constant [models]: a fixed probability, or NaN where the head is a fitted regression).
+
+        ``expit(x @ coef + intercept)`` is ``predict_proba(x)`` wherever ``constant`` is NaN: a binary
+        logistic regression's probability of class 1 is the sigmoid of its decision function.
+        """
+        coef = np.zeros((width, len(self.models)), dtype=np.float64)
+        intercept = np.zeros(len(self.models), dtype=np.float64)
+        constant = np.full(len(self.models), np.nan, dtype=np.float64)
+        for j, m in enumerate(self.models):
+            head = self._heads[m]
+            if isinstance(head, float):
+                constant[j] = head
+            else:
+                if list(head.classes_) != [0, 1] or head.coef_.shape != (1, width):
+                    raise ValueError(f"head {m!r} is not a binary regression over {width} features")
+                coef[:, j] = head.coef_[0]
+                intercept[j] = head.intercept_[0]
+        return coef, intercept, constant
 
     def predict_proba(self, x: Features) -> F64:
         n = x.shape[0]

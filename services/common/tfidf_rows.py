@@ -1,0 +1,78 @@
+"""A fitted TF-IDF vectorizer applied to one text at a time, without scikit-learn's per-call machinery.
+
+NOTE(speed): ``TfidfVectorizer.transform`` on a single text costs about 0.4 ms here, almost all of it input
+validation (``check_array``, dataframe detection through ``inspect``) and sparse-matrix construction around a
+few dozen dictionary lookups. The router and the predictor's text sketch call it once per first stage, so it
+was about half of each model's serving cost (bench/results/load_inline_models.md). ``TfidfRows`` keeps what
+the fitted vectorizer learned (its analyzer, vocabulary and idf weights) and computes the same row with
+the same float64 operations in the same order: counts of in-vocabulary terms by ascending column, then
+``log(tf) + 1`` when sublinear, times idf, then the row scaled to unit L2 norm. ``test_tfidf_rows.py`` checks
+it against ``transform`` on the shipped corpus.
+
+Only what today's vectorizers use is supported (word analyzers, ``norm`` of "l2" or None, float64); anything
+else raises ``Unsupported`` at build time and the caller keeps scikit-learn's path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+F64 = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.intp]
+
+
+class Unsupported(ValueError):
+    """The vectorizer uses an option this fast path does not reproduce."""
+
+
+@dataclass(frozen=True, slots=True)
+class SparseRow:
+    """One document's TF-IDF row: column ids in ascending order and their weights."""
+
+    columns: IntArray
+    weights: F64
+
+
+class TfidfRows:
+    """``row(text)`` equals ``vectorizer.transform([text])`` as a (columns, weights) pair."""
+
+    def __init__(self, vectorizer: Any) -> None:
+        """``vectorizer``: a fitted ``sklearn.feature_extraction.text.TfidfVectorizer``."""
+        if vectorizer.norm not in ("l2", None) or vectorizer.binary or vectorizer.dtype is not np.float64:
+            raise Unsupported("only norm='l2' or None, binary=False and float64 are reproduced")
+        self._analyze: Callable[[str], list[str]] = vectorizer.build_analyzer()
+        self._vocab: dict[str, int] = dict(vectorizer.vocabulary_)
+        self._idf: F64 | None = np.asarray(vectorizer.idf_, dtype=np.float64) if vectorizer.use_idf else None
+        self._sublinear = bool(vectorizer.sublinear_tf)
+        self._l2 = vectorizer.norm == "l2"
+        self.width = len(self._vocab)
+
+    def row(self, text: str) -> SparseRow:
+        counts: dict[int, int] = {}
+        vocab = self._vocab
+        for term in self._analyze(text):
+            j = vocab.get(term)
+            if j is not None:
+                counts[j] = counts.get(j, 0) + 1
+        columns = np.fromiter(sorted(counts), dtype=np.intp, count=len(counts))
+        weights = np.fromiter((counts[j] for j in columns), dtype=np.float64, count=len(counts))
+        if self._sublinear:
+            weights = np.log(weights) + 1.0
+        if self._idf is not None:
+            weights *= self._idf[columns]
+        if self._l2 and len(weights):
+            norm = float(np.sqrt(np.dot(weights, weights)))
+            if norm > 0.0:
+                weights /= norm
+        return SparseRow(columns, weights)
+
+    def dot(self, text: str, matrix: F64) -> F64:
+        """``transform([text]) @ matrix`` for a dense ``matrix`` of shape [vocabulary, k]: shape [k]."""
+        r = self.row(text)
+        out: F64 = r.weights @ matrix[r.columns] if len(r.columns) else np.zeros(matrix.shape[1])
+        return out
