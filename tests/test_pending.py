@@ -40,3 +40,19 @@ def test_a_choice_that_was_refused_is_withdrawn() -> None:
     assert pending.entries == []
     with pending.scope() as other:
         assert _loads(other.applied(ENGINES)) == {"a": 0, "b": 100}
+
+
+def test_an_entry_is_dropped_once_every_dispatch_in_progress_read_after_it() -> None:
+    now = [0.0]
+    pending = PendingLoad(clock=lambda: now[0])
+    with pending.scope() as slow:  # reads at 0, still in progress below
+        for i in range(5):
+            now[0] = 1.0 + i
+            with pending.scope() as c:
+                c.take("a", 10)
+                c.enqueued()
+        assert len(pending.entries) == 5  # the slow dispatch read before all of them
+        assert _loads(slow.applied(ENGINES)) == {"a": 50, "b": 100}
+    assert pending.entries == []  # nobody in progress: every later read sees them in Redis
+    with pending.scope() as after:
+        assert _loads(after.applied(ENGINES)) == {"a": 0, "b": 100}
