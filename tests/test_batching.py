@@ -63,6 +63,19 @@ async def make_collector(tmp_path: Path) -> AsyncIterator[Any]:
     assert not multiprocessing.active_children()  # close() joined every worker process
 
 
+@pytest.mark.parametrize("executor", ["thread", "loop"])
+async def test_errors_and_batches_on_the_loop_as_in_a_thread(
+    tmp_path: Path, make_collector: Any, executor: str
+) -> None:
+    publish_fake(tmp_path, "v1")
+    c = await make_collector(max_batch_size=4, max_wait_ms=50, executor=executor)
+    answers = await asyncio.wait_for(asyncio.gather(*(c.submit(str(i)) for i in range(8))), 20)
+    assert [a for _, a in answers] == [f"v1:{i}" for i in range(8)]
+    assert sorted(s.size for s in c.stats) == [4, 4]
+    with pytest.raises(ValueError, match="boom"):
+        await asyncio.wait_for(c.submit("boom"), 20)
+
+
 async def test_batches_close_at_max_size(tmp_path: Path, make_collector: Any) -> None:
     publish_fake(tmp_path, "v1")
     c = await make_collector(max_batch_size=4, max_wait_ms=2000, reload_interval_s=60)
@@ -138,7 +151,7 @@ async def test_no_artifact_then_first_publish(tmp_path: Path, make_collector: An
     assert await asyncio.wait_for(c.submit("a"), 20) == (version, "v1:a")
 
 
-@pytest.mark.parametrize("executor", ["process", "thread"])
+@pytest.mark.parametrize("executor", ["process", "thread", "loop"])
 async def test_broken_artifact_keeps_old_version(tmp_path: Path, make_collector: Any, executor: str) -> None:
     good = publish_fake(tmp_path, "v1")
     c = await make_collector(reload_interval_s=60, executor=executor)
@@ -153,7 +166,7 @@ async def test_broken_artifact_keeps_old_version(tmp_path: Path, make_collector:
     assert await asyncio.wait_for(c.submit("a"), 20) == (fixed, "v3:a")
 
 
-@pytest.mark.parametrize("executor", ["process", "thread"])
+@pytest.mark.parametrize("executor", ["process", "thread", "loop"])
 async def test_hot_reload_under_load_drops_nothing(
     tmp_path: Path, make_collector: Any, executor: str
 ) -> None:

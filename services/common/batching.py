@@ -5,7 +5,10 @@ NOTE(batching): callers ``await submit_many(items)``; a single collector task cl
 to an executor so inference never blocks the event loop (paper §4). The executor is a process pool
 (``executor="process"``: inference that holds the GIL cannot slow the gRPC server) or a thread pool in the
 serving process (``"thread"``: no pickling, no feeder and manager threads, no second process; the right
-choice for models that spend their time in numpy, scikit-learn or torch, which release the GIL). A
+choice for models that spend their time in numpy, scikit-learn or torch, which release the GIL), or the
+event loop itself (``"loop"``: for models that answer a batch in well under a millisecond, such as the
+folded tf-idf heads and flattened forests, where handing a batch to a thread and back costs more CPU than
+the batch; the loop is blocked while it runs). A
 caller's items are never split across batches, so one gRPC request is always answered by one artifact
 version. At most ``pool_workers`` batches run at once; while all workers are busy, new requests wait in the
 collector and form the next (fuller) batch, which is the back-pressure we want under load.
@@ -101,7 +104,7 @@ def _run_batch(items: list[Any]) -> list[Any]:
 @dataclass(eq=False)
 class _Pool:
     meta: ArtifactMeta
-    executor: Executor
+    executor: Executor | None  # None: batches run on the event loop
     # The loaded model, for a thread pool (it runs in this process); a process pool's workers hold their own.
     model: Any = None
     in_process: bool = False
@@ -122,7 +125,7 @@ class CollectorOptions:
     max_batch_size: int = 32
     max_wait_ms: float = 5.0
     pool_workers: int = 1
-    executor: Literal["process", "thread"] = "process"
+    executor: Literal["process", "thread", "loop"] = "process"
     reload_interval_s: float = 2.0
     # "spawn" because forking a process that runs gRPC's threads is unsafe.
     mp_start_method: str = "spawn"
@@ -244,9 +247,11 @@ class BatchCollector(Generic[I, R]):
 
     async def _build_pool(self, version: str) -> _Pool:
         meta = await asyncio.to_thread(load_meta, self._dir, version)
-        if self._opt.executor == "thread":
+        if self._opt.executor in ("thread", "loop"):
             # A version that fails to load raises here, before anything serves from it.
             model = await asyncio.to_thread(self._opt.loader, self._dir, version)
+            if self._opt.executor == "loop":
+                return _Pool(meta, None, model=model, in_process=True)
             threads = ThreadPoolExecutor(self._opt.pool_workers, thread_name_prefix="inference")
             return _Pool(meta, threads, model=model, in_process=True)
         executor = ProcessPoolExecutor(
@@ -279,6 +284,8 @@ class BatchCollector(Generic[I, R]):
     def _maybe_shutdown(self, pool: _Pool) -> None:
         if pool.retired and pool.inflight == 0 and not pool.stopping:
             pool.stopping = True
+            if pool.executor is None:
+                return
             # Blocking join of the worker processes, off the event loop.
             task = asyncio.create_task(asyncio.to_thread(pool.executor.shutdown, True))
             self._retiring.add(task)
@@ -308,7 +315,8 @@ class BatchCollector(Generic[I, R]):
                         break
                     self._wakeup.clear()
                     try:
-                        await asyncio.wait_for(self._wakeup.wait(), remaining)
+                        async with asyncio.timeout(remaining):  # no task per wait, unlike wait_for
+                            await self._wakeup.wait()
                     except TimeoutError:
                         break
             except BaseException:
@@ -338,7 +346,9 @@ class BatchCollector(Generic[I, R]):
         ok = False
         try:
             loop = asyncio.get_running_loop()
-            if pool.in_process:
+            if pool.executor is None:
+                results = self._fn(pool.model, items)
+            elif pool.in_process:
                 results = await loop.run_in_executor(pool.executor, self._fn, pool.model, items)
             else:
                 results = await loop.run_in_executor(pool.executor, _run_batch, items)

@@ -65,8 +65,9 @@ class ModelServiceSettings(CommonSettings):
     # Threads by default: the shipped models (tf-idf and MiniLM heads, quantile forests) spend their time
     # in numpy, scikit-learn or torch, which release the GIL, and a process pool's pickling and feeder
     # threads cost more CPU per call than the model (bench/results/load.md).
-    executor: Literal["process", "thread"] = Field(
-        default="thread", description="where inference runs: a thread pool here, or worker processes"
+    executor: Literal["process", "thread", "loop"] = Field(
+        default="thread",
+        description="where inference runs: a thread pool here, worker processes, or the event loop itself",
     )
     reload_interval_s: float = Field(
         default=2.0, gt=0.0, le=3600.0, description="how often CURRENT is checked"
