@@ -22,6 +22,7 @@ from services.common.types import TraceRow
 from services.predictor.backends import make_backend
 from services.predictor.config import PredictorSettings
 from services.predictor.features import PredictorInput
+from services.predictor.flatforest import linear_quantiles
 from services.predictor.qrf import QrfPredictor
 from services.predictor.server import PredictorServer
 from services.predictor.training import train_predictor
@@ -164,3 +165,12 @@ async def test_predictor_server_serves_qrf_unchanged(
             assert all(list(r.predictions[0].values) == list(resp.predictions[0].values) for r in many)
     finally:
         await asyncio.wait_for(server.stop(), 30)
+
+
+@pytest.mark.parametrize("trees", [1, 2, 7, 50])
+def test_linear_quantiles_match_numpy_bit_for_bit(trees: int) -> None:
+    rng = np.random.default_rng(trees)
+    values = rng.lognormal(5.0, 2.0, (4, trees))
+    for qs in ([0.5, 0.9], [float(np.float32(0.9)), float(np.float32(0.5))], [0.0, 1.0, 0.25, 0.999, 0.001]):
+        want = np.quantile(values, qs, axis=1, method="linear").T
+        np.testing.assert_array_equal(linear_quantiles(values, qs), want)
