@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -74,6 +75,25 @@ async def test_errors_and_batches_on_the_loop_as_in_a_thread(
     assert sorted(s.size for s in c.stats) == [4, 4]
     with pytest.raises(ValueError, match="boom"):
         await asyncio.wait_for(c.submit("boom"), 20)
+
+
+def thread_batch(model: dict[str, Any], items: list[str]) -> list[int]:
+    return [threading.get_ident() for _ in items]
+
+
+@pytest.mark.parametrize(("loop_backends", "on_loop"), [(frozenset({"fake"}), True), (frozenset(), False)])
+async def test_auto_runs_cheap_backends_on_the_loop(
+    tmp_path: Path, loop_backends: frozenset[str], on_loop: bool
+) -> None:
+    publish_fake(tmp_path, "v1")
+    opts = CollectorOptions(executor="auto", loop_backends=loop_backends)
+    c: BatchCollector[str, int] = BatchCollector(tmp_path, thread_batch, opts)
+    await c.start()
+    try:
+        _, ident = await asyncio.wait_for(c.submit("a"), 20)
+        assert (ident == threading.get_ident()) is on_loop
+    finally:
+        await c.close()
 
 
 async def test_batches_close_at_max_size(tmp_path: Path, make_collector: Any) -> None:

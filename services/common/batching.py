@@ -8,7 +8,8 @@ serving process (``"thread"``: no pickling, no feeder and manager threads, no se
 choice for models that spend their time in numpy, scikit-learn or torch, which release the GIL), or the
 event loop itself (``"loop"``: for models that answer a batch in well under a millisecond, such as the
 folded tf-idf heads and flattened forests, where handing a batch to a thread and back costs more CPU than
-the batch; the loop is blocked while it runs). A
+the batch; the loop is blocked while it runs). ``"auto"`` picks per artifact: the loop for a backend in
+``loop_backends``, a thread pool for any other. A
 caller's items are never split across batches, so one gRPC request is always answered by one artifact
 version. At most ``pool_workers`` batches run at once; while all workers are busy, new requests wait in the
 collector and form the next (fuller) batch, which is the back-pressure we want under load.
@@ -125,7 +126,9 @@ class CollectorOptions:
     max_batch_size: int = 32
     max_wait_ms: float = 5.0
     pool_workers: int = 1
-    executor: Literal["process", "thread", "loop"] = "process"
+    executor: Literal["process", "thread", "loop", "auto"] = "process"
+    # Backends cheap enough to run on the event loop when ``executor`` is "auto".
+    loop_backends: frozenset[str] = frozenset()
     reload_interval_s: float = 2.0
     # "spawn" because forking a process that runs gRPC's threads is unsafe.
     mp_start_method: str = "spawn"
@@ -247,14 +250,17 @@ class BatchCollector(Generic[I, R]):
 
     async def _build_pool(self, version: str) -> _Pool:
         meta = await asyncio.to_thread(load_meta, self._dir, version)
-        if self._opt.executor in ("thread", "loop"):
+        executor = self._opt.executor
+        if executor == "auto":
+            executor = "loop" if meta.backend in self._opt.loop_backends else "thread"
+        if executor in ("thread", "loop"):
             # A version that fails to load raises here, before anything serves from it.
             model = await asyncio.to_thread(self._opt.loader, self._dir, version)
-            if self._opt.executor == "loop":
+            if executor == "loop":
                 return _Pool(meta, None, model=model, in_process=True)
             threads = ThreadPoolExecutor(self._opt.pool_workers, thread_name_prefix="inference")
             return _Pool(meta, threads, model=model, in_process=True)
-        executor = ProcessPoolExecutor(
+        processes = ProcessPoolExecutor(
             max_workers=self._opt.pool_workers,
             mp_context=multiprocessing.get_context(self._opt.mp_start_method),
             initializer=_init_worker,
@@ -269,7 +275,7 @@ class BatchCollector(Generic[I, R]):
                 pids: set[int] = set()
                 while len(pids) < self._opt.pool_workers:
                     n = self._opt.pool_workers
-                    pings = [loop.run_in_executor(executor, _ping, 0.05 if n > 1 else 0.0) for _ in range(n)]
+                    pings = [loop.run_in_executor(processes, _ping, 0.05 if n > 1 else 0.0) for _ in range(n)]
                     for loaded, pid in await asyncio.gather(*pings):
                         if loaded != version:
                             raise RuntimeError(f"worker loaded {loaded}, expected {version}")
@@ -277,9 +283,9 @@ class BatchCollector(Generic[I, R]):
 
             await asyncio.wait_for(warm(), timeout=self._opt.load_timeout_s)
         except BaseException:
-            executor.shutdown(wait=False, cancel_futures=True)
+            processes.shutdown(wait=False, cancel_futures=True)
             raise
-        return _Pool(meta, executor)
+        return _Pool(meta, processes)
 
     def _maybe_shutdown(self, pool: _Pool) -> None:
         if pool.retired and pool.inflight == 0 and not pool.stopping:

@@ -65,9 +65,11 @@ class ModelServiceSettings(CommonSettings):
     # Threads by default: the shipped models (tf-idf and MiniLM heads, quantile forests) spend their time
     # in numpy, scikit-learn or torch, which release the GIL, and a process pool's pickling and feeder
     # threads cost more CPU per call than the model (bench/results/load.md).
-    executor: Literal["process", "thread", "loop"] = Field(
-        default="thread",
-        description="where inference runs: a thread pool here, worker processes, or the event loop itself",
+    executor: Literal["process", "thread", "loop", "auto"] = Field(
+        default="auto",
+        description="where inference runs: a thread pool here, worker processes, the event loop itself, or"
+        " auto: the loop for the CPU backends that answer in microseconds (tf-idf, prior, forests), threads"
+        " for the rest",
     )
     reload_interval_s: float = Field(
         default=2.0, gt=0.0, le=3600.0, description="how often CURRENT is checked"
@@ -99,6 +101,7 @@ def model_collector(
     on_batch: Callable[[BatchStat], None] | None = None,
     on_reload: Callable[[ArtifactMeta], None] | None = None,
     loader: Loader = load_version,
+    loop_backends: frozenset[str] = frozenset(),
 ) -> BatchCollector[ItemT, OutT]:
     """The batch collector a model service serves from, built from its settings. The dispatcher's inline
     inference (``services.dispatcher.inline``) builds its own with this too, so both load, batch and hot
@@ -115,6 +118,7 @@ def model_collector(
             on_batch=on_batch,
             on_reload=on_reload,
             loader=loader,
+            loop_backends=loop_backends,
         ),
     )
 
@@ -158,6 +162,7 @@ class ModelServer(abc.ABC, Generic[ItemT, OutT]):
         label: str,
         service_name: str,
         batch_fn: BatchFn[ItemT, OutT],
+        loop_backends: frozenset[str] = frozenset(),
     ) -> None:
         self.settings = settings
         self.service_name = service_name
@@ -167,7 +172,11 @@ class ModelServer(abc.ABC, Generic[ItemT, OutT]):
         self.health = health.aio.HealthServicer()
         self._health_tasks: set[asyncio.Task[None]] = set()
         self.collector: BatchCollector[ItemT, OutT] = model_collector(
-            settings, batch_fn, on_batch=self.metrics.on_batch, on_reload=self._on_reload
+            settings,
+            batch_fn,
+            on_batch=self.metrics.on_batch,
+            on_reload=self._on_reload,
+            loop_backends=loop_backends,
         )
         self.server = grpc.aio.server()
         self.port = 0

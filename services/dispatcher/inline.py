@@ -10,10 +10,9 @@ concurrent dispatches, inference on a worker thread off the event loop) and ``Ro
 ``CHIMERA_PREDICTOR_*``: artifact folder, batch size and window, reload interval), so one set of knobs
 describes a model wherever it runs.
 
-Batches run on the dispatcher's event loop (``executor="loop"``) unless ``CHIMERA_ROUTER_EXECUTOR`` /
-``CHIMERA_PREDICTOR_EXECUTOR`` say otherwise: every backend allowed here answers a batch in well under a
-millisecond since the folded tf-idf and flattened-forest paths, and the hop to a thread and back cost more
-CPU than that.
+With the default ``executor="auto"`` batches run on the dispatcher's event loop: every backend allowed here
+answers a batch in well under a millisecond (the folded tf-idf heads, the flattened forests), and the hop
+to a thread and back cost more CPU than that.
 
 Answers pass through float32 as the gRPC messages do, so both modes make the same decisions. Only CPU
 backends load (``INLINE_BACKENDS``): a transformer artifact is refused as a broken one is (the version
@@ -28,7 +27,7 @@ import contextlib
 import functools
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry
@@ -53,8 +52,6 @@ from services.router import backends as router_backends
 from services.router.config import RouterSettings
 from services.router.inference import RouterItem, score_batch
 from services.router.service import RouterService
-
-M = TypeVar("M", bound=ModelServiceSettings)
 
 
 def wire_float(x: float) -> float:
@@ -126,14 +123,8 @@ def _collector(
         on_batch=m.on_batch,
         on_reload=m.on_reload,
         loader=functools.partial(cpu_only, allowed),
+        loop_backends=allowed,
     )
-
-
-def _on_loop(settings: M) -> M:
-    """``settings`` with batches on the event loop, unless the operator chose an executor."""
-    if "executor" in settings.model_fields_set:
-        return settings
-    return settings.model_copy(update={"executor": "loop"})
 
 
 @contextlib.asynccontextmanager
@@ -148,7 +139,6 @@ async def inline_sources(
     ``timeouts_s``: the router's and the predictor's per-call deadlines. ``registry`` (the dispatcher's)
     gets the services' batch and artifact metrics under their own names (``chimera_router_*``...).
     """
-    router, predictor = _on_loop(router), _on_loop(predictor)
     rc = _collector(router, score_batch, "router", router_backends.INLINE_BACKENDS, registry)
     pc = _collector(predictor, predict_batch, "predictor", predictor_backends.INLINE_BACKENDS, registry)
     await rc.start()

@@ -11,6 +11,7 @@ import grpc
 from chimera.predictor.v1 import predictor_pb2, predictor_pb2_grpc
 from services.common.metrics import ModelServiceMetrics
 from services.common.model_service import ModelServer, serve_until_signalled, status_codes
+from services.predictor.backends import INLINE_BACKENDS
 from services.predictor.config import PredictorSettings
 from services.predictor.errors import BadRequestError, TooManyRowsError, UnknownModelError
 from services.predictor.features import PredictorInput
@@ -68,7 +69,12 @@ class PredictorServer(ModelServer[PredictItem, tuple[float, ...]]):
 
     def __init__(self, settings: PredictorSettings, metrics: ModelServiceMetrics | None = None) -> None:
         super().__init__(
-            settings, metrics, label="predictor", service_name=SERVICE_NAME, batch_fn=predict_batch
+            settings,
+            metrics,
+            label="predictor",
+            service_name=SERVICE_NAME,
+            batch_fn=predict_batch,
+            loop_backends=INLINE_BACKENDS,
         )
         self.settings: PredictorSettings = settings
 

@@ -11,6 +11,7 @@ import grpc
 from chimera.router.v1 import router_pb2, router_pb2_grpc
 from services.common.metrics import ModelServiceMetrics
 from services.common.model_service import ModelServer, serve_until_signalled, status_codes
+from services.router.backends import INLINE_BACKENDS
 from services.router.config import RouterSettings
 from services.router.errors import BadRequestError, TooManyItemsError, UnknownModelError
 from services.router.inference import RouterItem, score_batch
@@ -55,7 +56,14 @@ class RouterServer(ModelServer[RouterItem, dict[str, float]]):
     """A started router: gRPC server, health, reflection and the batch collector, stopped together."""
 
     def __init__(self, settings: RouterSettings, metrics: ModelServiceMetrics | None = None) -> None:
-        super().__init__(settings, metrics, label="router", service_name=SERVICE_NAME, batch_fn=score_batch)
+        super().__init__(
+            settings,
+            metrics,
+            label="router",
+            service_name=SERVICE_NAME,
+            batch_fn=score_batch,
+            loop_backends=INLINE_BACKENDS,
+        )
         self.settings: RouterSettings = settings
 
     def add_servicer(self) -> None:
