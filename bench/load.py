@@ -51,6 +51,10 @@ RESULTS = Path(__file__).with_name("results")
 class LoadConfig:
     name: str = "load"
     concurrencies: tuple[int, ...] = (1, 16, 64, 256)
+    # Open-loop Poisson arrivals per second for the throughput phase, after the closed ones: CPU per stage at
+    # a load the host carries with room to spare, where it measures the work per stage rather than how the
+    # processes share a saturated host (which moves a closed run's figure by a quarter from run to run).
+    rates: tuple[float, ...] = ()
     doors: tuple[str, ...] = ("grpc", "http")
     duration_s: float = 10.0
     streams: int = 5000
@@ -180,6 +184,9 @@ def throughput(cfg: LoadConfig, state: Path) -> list[dict[str, Any]]:
                 for c in cfg.concurrencies:
                     phase = _phase(stack, kind="closed", door=door, concurrency=c, duration_s=cfg.duration_s)
                     out.append({"inference": mode, **run_phase(phase, groups)})
+                for rate in cfg.rates:
+                    phase = _phase(stack, kind="open", door=door, rate=rate, duration_s=cfg.duration_s)
+                    out.append({"inference": mode, **run_phase(phase, groups)})
     return out
 
 
@@ -246,6 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=d.duration_s, help="seconds per throughput phase")
     ap.add_argument("--streams", type=int, default=d.streams)
     ap.add_argument("--concurrencies", type=int, nargs="+", default=list(d.concurrencies))
+    ap.add_argument("--rates", type=float, nargs="+", default=list(d.rates), help="open-loop arrivals/s")
     ap.add_argument("--doors", nargs="+", default=list(d.doors), choices=["grpc", "http"])
     ap.add_argument("--no-overload", action="store_true")
     ap.add_argument("--phases", nargs="+", default=["throughput", "streams", "overload"])
@@ -265,6 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = LoadConfig(
         name=args.name,
         concurrencies=tuple(args.concurrencies),
+        rates=tuple(args.rates),
         doors=tuple(args.doors),
         duration_s=args.duration,
         streams=args.streams,
