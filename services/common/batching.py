@@ -4,15 +4,16 @@ NOTE(batching): callers ``await submit_many(items)``; a single collector task cl
 ``max_batch_size`` items or ``max_wait_ms`` after its first item arrived, whichever comes first, and hands it
 to an executor so inference never blocks the event loop (paper §4). The executor is a process pool
 (``executor="process"``: inference that holds the GIL cannot slow the gRPC server) or a thread pool in the
-serving process (``"thread"``: no pickling, no feeder and manager threads, no second process; the right
-choice for models that spend their time in numpy, scikit-learn or torch, which release the GIL), or the
-event loop itself (``"loop"``: for models that answer a batch in well under a millisecond, such as the
-folded tf-idf heads and flattened forests, where handing a batch to a thread and back costs more CPU than
-the batch; the loop is blocked while it runs). ``"auto"`` picks per artifact: the loop for a backend in
-``loop_backends``, a thread pool for any other. A
-caller's items are never split across batches, so one gRPC request is always answered by one artifact
-version. At most ``pool_workers`` batches run at once; while all workers are busy, new requests wait in the
-collector and form the next (fuller) batch, which is the back-pressure we want under load.
+serving process (``"thread"``: no pickling, no feeder and manager threads, no second process; the right choice
+for models that spend their time in numpy, scikit-learn or torch, which release the GIL), or the event loop
+itself (``"loop"``: for models that answer in well under a millisecond, such as the folded tf-idf heads and
+flattened forests, where a thread hop, the batch window and the collector's own task switches cost more CPU
+than the model; each call is then answered at once as its own batch, because those models work row by row and
+gain nothing from company; the loop is blocked while it runs). ``"auto"`` picks per artifact: the loop for a
+backend in ``loop_backends``, a thread pool for any other. A caller's items are never split across batches, so
+one gRPC request is always answered by one artifact version. At most ``pool_workers`` batches run at once;
+while all workers are busy, new requests wait in the collector and form the next (fuller) batch, which is the
+back-pressure we want under load.
 
 Hot reload: a watcher polls the artifact ``CURRENT`` pointer. On a change it builds a *new* pool whose
 workers load the new version in their initializer (a thread pool's model is loaded once, off the loop),
@@ -189,6 +190,8 @@ class BatchCollector(Generic[I, R]):
             raise NoArtifactError(f"no artifact loaded from {self._dir}")
         if not items:
             return Answer(self._pool.meta.version, ())
+        if self._pool.executor is None:
+            return self._answer_now(self._pool, list(items))
         pending: _Pending[I, R] = _Pending(list(items), asyncio.get_running_loop().create_future())
         self._pending.append(pending)
         self._pending_items += len(pending.items)
@@ -343,6 +346,23 @@ class BatchCollector(Generic[I, R]):
         self._pending_items -= n
         return batch
 
+    def _answer_now(self, pool: _Pool, items: list[I]) -> Answer[R]:
+        """A call on a loop pool: its own batch, run before this returns (no window, no task, no hop)."""
+        t0, ok = time.perf_counter(), False
+        try:
+            results = self._fn(pool.model, items)
+            if len(results) != len(items):
+                raise BatchShapeError(f"{len(results)} results for {len(items)} items")
+            ok = True
+            return Answer(pool.meta.version, tuple(results))
+        finally:
+            self._record(BatchStat(len(items), 1, time.perf_counter() - t0, pool.meta.version, ok))
+
+    def _record(self, stat: BatchStat) -> None:
+        self.stats.append(stat)
+        if self._opt.on_batch:
+            self._opt.on_batch(stat)
+
     async def _run(self, batch: list[_Pending[I, R]]) -> None:
         pool = self._pool
         assert pool is not None  # submit refuses work until a pool exists, and pools are never removed
@@ -352,7 +372,7 @@ class BatchCollector(Generic[I, R]):
         ok = False
         try:
             loop = asyncio.get_running_loop()
-            if pool.executor is None:
+            if pool.executor is None:  # queued before a reload switched to a loop pool
                 results = self._fn(pool.model, items)
             elif pool.in_process:
                 results = await loop.run_in_executor(pool.executor, self._fn, pool.model, items)
@@ -381,7 +401,4 @@ class BatchCollector(Generic[I, R]):
             pool.inflight -= 1
             self._slots.release()
             self._maybe_shutdown(pool)
-            stat = BatchStat(len(items), len(batch), time.perf_counter() - t0, pool.meta.version, ok)
-            self.stats.append(stat)
-            if self._opt.on_batch:
-                self._opt.on_batch(stat)
+            self._record(BatchStat(len(items), len(batch), time.perf_counter() - t0, pool.meta.version, ok))

@@ -53,11 +53,20 @@ class ModelServiceSettings(CommonSettings):
         default=Path(".chimera/artifacts/model"),
         description="this service's artifact directory: <dir>/CURRENT names the version to serve",
     )
-    max_batch_size: int = Field(default=32, ge=1, le=4096, description="items per inference batch, at most")
+    max_batch_size: int = Field(
+        default=32,
+        ge=1,
+        le=4096,
+        description="items per inference batch, at most (threads and processes; the loop answers each call at"
+        " once)",
+    )
     # 1 ms: a lone call pays the whole window (5 ms cost 9.5-10.5 ms p50 per call in
     # bench/results/predictors.md), while under load batches fill to max_batch_size well before it.
     max_wait_ms: float = Field(
-        default=1.0, ge=0.0, le=10_000.0, description="a batch closes this long after its first item arrives"
+        default=1.0,
+        ge=0.0,
+        le=10_000.0,
+        description="a batch closes this long after its first item arrives (threads and processes)",
     )
     pool_workers: int = Field(
         default=1, ge=1, le=64, description="inference workers, processes or threads (batches run at once)"
