@@ -2,17 +2,17 @@
 
 NOTE(inline): on a first stage the two gRPC hops cost far more CPU than the models they call
 (bench/results/load.md: 3.6 and 3.5 CPU-ms per stage in the router and predictor processes, plus the
-dispatcher's client side, against about 1.0 ms for a tf-idf score and 1.4 ms for a forest prediction). With
+dispatcher's client side, against about 0.06 ms for a tf-idf score and 0.2 ms for a forest prediction of
+two rows since their serving paths skip scikit-learn's per-call checks; a bare gRPC call costs 0.5 ms). With
 ``CHIMERA_DISPATCHER_INFERENCE=inline`` the dispatcher serves both from its own process through the
-services' own parts: ``model_collector`` (the same ``CURRENT`` pointer, hot reload and micro-batching across
-concurrent dispatches, inference on a worker thread off the event loop) and ``RouterService`` /
+services' own parts: ``model_collector`` (the same ``CURRENT`` pointer and hot reload) and ``RouterService`` /
 ``PredictorService`` (the same checks). They read the services' own settings (``CHIMERA_ROUTER_*``,
 ``CHIMERA_PREDICTOR_*``: artifact folder, batch size and window, reload interval), so one set of knobs
 describes a model wherever it runs.
 
-With the default ``executor="auto"`` batches run on the dispatcher's event loop: every backend allowed here
-answers a batch in well under a millisecond (the folded tf-idf heads, the flattened forests), and the hop
-to a thread and back cost more CPU than that.
+With the default ``executor="auto"`` each call runs at once on the dispatcher's event loop: every backend
+allowed here answers in well under a millisecond, and a thread hop and a batch window cost more CPU than that
+(``CHIMERA_ROUTER_EXECUTOR=thread`` brings back micro-batching on a worker thread).
 
 Answers pass through float32 as the gRPC messages do, so both modes make the same decisions. Only CPU
 backends load (``INLINE_BACKENDS``): a transformer artifact is refused as a broken one is (the version

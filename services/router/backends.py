@@ -49,7 +49,7 @@ BACKENDS: Mapping[str, str] = MappingProxyType(
 )
 
 # Backends cheap enough to run inside the dispatcher (CHIMERA_DISPATCHER_INFERENCE=inline): numpy and
-# scikit-learn on the CPU, about a millisecond a call. The encoders (torch) stay in the router service,
+# scikit-learn on the CPU, well under a millisecond a call. The encoders (torch) stay in the router service,
 # where a GPU, its memory and its batching belong.
 INLINE_BACKENDS: frozenset[str] = frozenset({"prior", "tfidf"})
 
