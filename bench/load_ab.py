@@ -33,6 +33,7 @@ def _collect(before_dir: Path | None, raw: Path) -> None:
         if before is not None and before.exists():
             shutil.copy(before, raw / before.name)
             shutil.move(after, raw / after.name)
+            after.with_suffix(".md").unlink(missing_ok=True)  # bench.load's own report; the JSON has it all
 
 
 def _row(before: dict[str, Any], after: dict[str, Any], k: int) -> dict[str, Any]:
