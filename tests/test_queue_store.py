@@ -133,6 +133,24 @@ async def test_credit_adds_to_a_live_program_and_never_revives_an_ended_one(
     assert await redis_client.ttl(keys.program("p")) > 0  # the TTL the assign script set is kept
 
 
+async def test_completion_credits_its_program_in_the_same_step(redis_client: Redis, keys: Keys) -> None:
+    """On a single Redis COMPLETE adds the stage's output tokens to the program's attained service itself, so
+    the count is there once the final event is; only the attempt that completed counts, and an ended program
+    stays ended."""
+    q = QueueStore(redis_client, keys)
+    await _assign(q, "p1", "e0", "m1", "wf", 0, "a", 60, {})
+    await q.enqueue("e0", _req("a"), Prediction(10, 20), 10.0, time.time(), {})
+    claimed = (await q.claim("e0", "w1", 1, lease_s=5))[0]
+    assert await q.complete(claimed, StageResult("hi", "stop", 3, 7), None)
+    assert await redis_client.hget(keys.program("p1"), "attained") == "7"
+    assert not await q.complete(claimed, StageResult("hi", "stop", 3, 7), None)  # fenced: no second credit
+    assert await redis_client.hget(keys.program("p1"), "attained") == "7"
+    await q.enqueue("e0", _req("b", program="ended"), Prediction(10, 20), 10.0, time.time(), {})
+    claimed = (await q.claim("e0", "w1", 1, lease_s=5))[0]
+    assert await q.complete(claimed, StageResult("hi", "stop", 3, 5), None)
+    assert not await redis_client.exists(keys.program("ended"))
+
+
 async def test_a_pipeline_whose_redis_lost_its_scripts_runs_them_again(
     redis_client: Redis, keys: Keys
 ) -> None:

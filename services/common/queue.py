@@ -33,6 +33,7 @@ from services.common.queue_records import (
     event_json,
     poison_message,
 )
+from services.common.redis_client import is_cluster
 from services.common.types import ClaimedRequest, Prediction, StageRequest, StageResult, TraceRow
 
 # Deltas per PUBLISH call (publish_deltas).
@@ -90,6 +91,7 @@ class QueueStore:
         self._publish = redis.register_script(lua.PUBLISH)
         self._reattach = redis.register_script(lua.REATTACH)
         self._unassign = redis.register_script(program_lua.UNASSIGN)
+        self._cluster = is_cluster(redis)  # a program and its engine's keys share no slot there
 
     @property
     def keys(self) -> Keys:
@@ -279,43 +281,48 @@ class QueueStore:
             completion_tokens=result.completion_tokens,
             **(extra or {}),
         )
-        done = await self._finish(claimed, state, event, trace)
-        if done:
-            # The program's attained service (what MLFQ orders by): once per completed stage, by the one
-            # attempt that completed it. Its own slot, so not inside COMPLETE.
-            await self.credit_program(claimed.request.program_id, result.completion_tokens)
+        # The program's attained service (what MLFQ orders by): once per completed stage, by the one attempt
+        # that completed it; inside COMPLETE on a single Redis, after it on a cluster (another slot).
+        tokens = max(0, result.completion_tokens)
+        done = await self._finish(claimed, state, event, trace, None if self._cluster else tokens)
+        if done and self._cluster:
+            await self.credit_program(claimed.request.program_id, tokens)
         return done
 
     async def fail(self, claimed: ClaimedRequest, code: str, message: str) -> bool:
         """Finish a request with an error (a gRPC status code name). False if the lease was lost."""
         return await self._finish(claimed, "failed", event_json(t="error", code=code, message=message), None)
 
-    async def _finish(self, c: ClaimedRequest, state: str, event: str, trace: TraceRow | None) -> bool:
+    async def _finish(
+        self, c: ClaimedRequest, state: str, event: str, trace: TraceRow | None, credit: int | None = None
+    ) -> bool:
+        """COMPLETE; ``credit``: output tokens to add to the program's attained service in the same step."""
         k, rid, r = self._k, c.request.request_id, self.retention
-        ok = await self._complete(
-            keys=[
-                k.request(c.engine, rid),
-                k.claims(c.engine),
-                k.inflight(c.engine),
-                k.engine_info(c.engine),
-                k.output(c.engine, rid),
-                k.traces(c.engine),
-                k.notify(c.engine),
-            ],
-            args=[
-                rid,
-                c.attempt,
-                state,
-                event,
-                trace.to_json() if trace else "",
-                r.finished_ttl_s,
-                r.stream_maxlen,
-                r.traces_maxlen,
-                repr(time.time()),
-                r.notify_maxlen,
-            ],
-        )
-        return bool(ok)
+        keys: list[KeyT] = [
+            k.request(c.engine, rid),
+            k.claims(c.engine),
+            k.inflight(c.engine),
+            k.engine_info(c.engine),
+            k.output(c.engine, rid),
+            k.traces(c.engine),
+            k.notify(c.engine),
+        ]
+        args: list[EncodableT] = [
+            rid,
+            c.attempt,
+            state,
+            event,
+            trace.to_json() if trace else "",
+            r.finished_ttl_s,
+            r.stream_maxlen,
+            r.traces_maxlen,
+            repr(time.time()),
+            r.notify_maxlen,
+        ]
+        if credit is not None:
+            keys.append(k.program(c.request.program_id))
+            args.append(credit)
+        return bool(await self._complete(keys=keys, args=args))
 
     async def reattach(self, engine: str, request_id: str, now: float) -> QueuedRequest | None:
         """The request as it was enqueued (None if it does not exist), marked as re-attached at ``now``."""

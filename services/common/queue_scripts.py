@@ -215,16 +215,22 @@ return {lost, cancel}
 """
 )
 
-# KEYS: req, claims, inflight, info, output, traces, notify
+# KEYS: req, claims, inflight, info, output, traces, notify[, program]
 # ARGV: id, attempt, final_state, event_json, trace_json ('' for none), retention_s, stream_maxlen,
-#       traces_maxlen, now_s, notify_maxlen
+#       traces_maxlen, now_s, notify_maxlen[, output_tokens]
 # Returns 1 if this attempt still held the request and finished it, 0 otherwise (nothing changed).
+# With the program key (a single Redis; on a cluster the program lives in another slot and the worker credits
+# it in a call of its own, CREDIT), the stage's output tokens join the program's attained service in the same
+# step as the final event, so a caller's next stage always reads them; an ended program is never revived.
 COMPLETE = (
     _RELEASE
     + _EMIT
     + """
 local f = redis.call('HMGET', KEYS[1], 'attempt', 'state')
 if f[1] ~= ARGV[2] or f[2] ~= 'running' then return 0 end
+if KEYS[8] and redis.call('EXISTS', KEYS[8]) == 1 then
+  redis.call('HINCRBY', KEYS[8], 'attained', ARGV[11])
+end
 redis.call('ZREM', KEYS[2], ARGV[1])
 release(KEYS[3], KEYS[4], ARGV[1])
 redis.call('HSET', KEYS[1], 'state', ARGV[3], 't_done', ARGV[9])
