@@ -140,7 +140,7 @@ class Keys:
 
     @key(
         "HASH",
-        "dispatcher (assign; the front door credits each relayed final)",
+        "dispatcher (assign); worker (credits each completed stage)",
         "`program_ttl_s`, deleted by EndProgram",
     )
     def program(self, program_id: str) -> str:
