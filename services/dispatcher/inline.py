@@ -2,7 +2,7 @@
 
 NOTE(inline): on a first stage the two gRPC hops cost far more CPU than the models they call
 (bench/results/load.md: 3.6 and 3.5 CPU-ms per stage in the router and predictor processes, plus the
-dispatcher's client side, against about 0.06 ms for a tf-idf score and 0.2 ms for a forest prediction of
+dispatcher's client side, against about 0.06 ms for a tf-idf score and 0.26 ms for a forest prediction of
 two rows since their serving paths skip scikit-learn's per-call checks; a bare gRPC call costs 0.5 ms). With
 ``CHIMERA_DISPATCHER_INFERENCE=inline`` the dispatcher serves both from its own process through the
 services' own parts: ``model_collector`` (the same ``CURRENT`` pointer and hot reload) and ``RouterService`` /
