@@ -2,16 +2,17 @@
 
 NOTE(speed): scikit-learn's ``transform`` and ``predict_proba`` on a single text spend almost all their time
 in input validation (``check_array``, dataframe detection through ``inspect``) and sparse-matrix construction
-around a few dozen dictionary lookups: a one-text tf-idf router score took 0.97 ms CPU, 0.06 ms through this
-path (measured in-process on the bootstrap artifacts). The router and the predictor's text sketch run once per
-first stage, so that was most of each model's serving cost. ``TfidfRows`` keeps what
-the fitted vectorizer learned (its analyzer, vocabulary and idf weights) and computes the same row with
-the same float64 operations in the same order: counts of in-vocabulary terms by ascending column, then
-``log(tf) + 1`` when sublinear, times idf, then the row scaled to unit L2 norm. ``test_tfidf_rows.py`` checks
-it against ``transform`` on the shipped corpus.
+around a few dozen dictionary lookups: a one-text tf-idf router score took 0.87-1.0 ms CPU, 0.06 ms through
+this path (measured in-process on the bootstrap artifacts). The router and the predictor's text sketch run
+once per first stage, so that was most of each model's serving cost. ``TfidfRows`` keeps what the fitted
+vectorizer learned (its analyzer, vocabulary and idf weights) and computes the same row with the same float64
+operations in the same order: counts of in-vocabulary terms by ascending column, then ``log(tf) + 1`` when
+sublinear, times idf, then the row scaled to unit L2 norm. ``test_tfidf_rows.py`` checks it against
+``transform`` on the shipped corpus.
 
-Only what today's vectorizers use is supported (word analyzers, ``norm`` of "l2" or None, float64); anything
-else raises ``Unsupported`` at build time and the caller keeps scikit-learn's path.
+Only what Chimera's vectorizers use is reproduced (word analyzers, ``norm`` of "l2" or None, float64); a
+vectorizer with other options raises ``Unsupported`` when the artifact loads, rather than serving numbers
+that differ from the ones it was trained to give.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ class TfidfRows:
         self._idf: F64 | None = np.asarray(vectorizer.idf_, dtype=np.float64) if vectorizer.use_idf else None
         self._sublinear = bool(vectorizer.sublinear_tf)
         self._l2 = vectorizer.norm == "l2"
-        self.width = len(self._vocab)
 
     def row(self, text: str) -> SparseRow:
         counts: dict[int, int] = {}
@@ -77,3 +77,21 @@ class TfidfRows:
         r = self.row(text)
         out: F64 = r.weights @ matrix[r.columns] if len(r.columns) else np.zeros(matrix.shape[1])
         return out
+
+
+class FoldedOnLoad:
+    """A fitted model whose serving form (the attributes named in ``_DERIVED``) ``_fold`` derives from its
+    fitted parts: pickles (artifacts) leave it out, and unpickling rebuilds it, so artifacts saved before the
+    serving form existed serve through it too."""
+
+    _DERIVED: tuple[str, ...] = ()
+
+    def _fold(self) -> None:
+        raise NotImplementedError
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in self._DERIVED}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._fold()

@@ -12,17 +12,18 @@ row (services/common/tfidf_rows.py). ``transform_sklearn`` is the reference path
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 from sklearn.decomposition import TruncatedSVD
 from sklearn.feature_extraction.text import TfidfVectorizer
 
-from services.common.tfidf_rows import TfidfRows
+from services.common.tfidf_rows import FoldedOnLoad, TfidfRows
 from services.predictor.features import Matrix, PredictorInput
 
 
-class TextSketch:
+class TextSketch(FoldedOnLoad):
+    _DERIVED = ("_projection",)
+
     def __init__(self, components: int = 32, max_features: int = 20_000, seed: int = 0) -> None:
         if components < 1 or max_features < 1:
             raise ValueError("components and max_features must be >= 1")
@@ -34,8 +35,9 @@ class TextSketch:
         self._fitted = False
         self._seed = seed
         self._width = components
-        self._rows: TfidfRows | None = None
-        self._basis: Matrix | None = None  # [vocabulary, width]: the SVD's components, transposed
+        # Serving form: the tf-idf rows and the SVD's components transposed ([vocabulary, width]); None
+        # without a sketch.
+        self._projection: tuple[TfidfRows, Matrix] | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -47,6 +49,7 @@ class TextSketch:
             self._vectorizer.set_params(min_df=1)  # a handful of tasks would leave no vocabulary
         self._fitted = True
         self._svd = None
+        self._projection = None  # a refit that ends without a sketch must not serve the old one
         try:
             tfidf = self._vectorizer.fit_transform(texts)
         except ValueError:  # no token in any text (empty vocabulary): nothing to sketch
@@ -60,20 +63,20 @@ class TextSketch:
         self._fold()
 
     def _fold(self) -> None:
-        if self._svd is None:
-            self._rows, self._basis = None, None
-            return
-        self._rows = TfidfRows(self._vectorizer)
-        self._basis = np.ascontiguousarray(np.asarray(self._svd.components_, dtype=np.float64).T)
+        self._projection = None
+        if self._svd is not None:
+            basis = np.ascontiguousarray(np.asarray(self._svd.components_, dtype=np.float64).T)
+            self._projection = (TfidfRows(self._vectorizer), basis)
 
     def transform(self, rows: Sequence[PredictorInput]) -> Matrix:
         if not self._fitted:
             raise RuntimeError("TextSketch is not fitted")
-        if self._rows is None or self._basis is None:
+        if self._projection is None:
             return np.zeros((len(rows), 0), dtype=np.float64)
-        out = np.empty((len(rows), self._basis.shape[1]), dtype=np.float64)
+        tfidf, basis = self._projection
+        out = np.empty((len(rows), basis.shape[1]), dtype=np.float64)
         for i, r in enumerate(rows):
-            out[i] = self._rows.dot(r.user_text, self._basis)
+            out[i] = tfidf.dot(r.user_text, basis)
         return out
 
     def transform_sklearn(self, rows: Sequence[PredictorInput]) -> Matrix:
@@ -86,14 +89,3 @@ class TextSketch:
             self._svd.transform(self._vectorizer.transform([r.user_text for r in rows])), dtype=np.float64
         )
         return out
-
-    def __getstate__(self) -> dict[str, Any]:
-        # The folded serving form is derived: artifacts keep the fitted parts, loading rebuilds it.
-        state = dict(self.__dict__)
-        state.pop("_rows", None)
-        state.pop("_basis", None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._fold()

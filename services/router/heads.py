@@ -47,12 +47,9 @@ class WorkflowEncoder:
     def width(self) -> int:
         return len(self._index)
 
-    def known(self) -> tuple[str, ...]:
-        return tuple(self._index)
-
-    def column(self, workflow: str) -> int | None:
-        """The column ``workflow`` sets to ``weight``; None for a type unseen at fit time."""
-        return self._index.get(workflow)
+    def columns(self) -> dict[str, int]:
+        """Each workflow type seen at fit time and the column it sets to ``weight``."""
+        return dict(self._index)
 
     def transform(self, workflows: Sequence[str]) -> F64:
         out = np.zeros((len(workflows), len(self._index)), dtype=np.float64)

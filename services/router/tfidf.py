@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -22,7 +21,7 @@ from scipy import sparse
 from scipy.special import expit
 from sklearn.feature_extraction.text import TfidfVectorizer
 
-from services.common.tfidf_rows import TfidfRows
+from services.common.tfidf_rows import FoldedOnLoad, TfidfRows
 from services.common.tokens import approx_tokens
 from services.common.types import OutcomeRow, TraceRow
 from services.router.backends import router_examples
@@ -54,8 +53,9 @@ class _Affine:
         return np.where(np.isnan(self.constant), p, self.constant)
 
 
-class TfidfRouter:
+class TfidfRouter(FoldedOnLoad):
     name = "tfidf"
+    _DERIVED = ("_affine",)
 
     def __init__(self, max_features: int = 50_000, min_df: int = 2, c: float = 1.0) -> None:
         if max_features < 1 or min_df < 1 or c <= 0:
@@ -96,14 +96,13 @@ class TfidfRouter:
         row = {k: i for i, k in enumerate(keys)}
         x = self._features([t for t, _ in keys], [w for _, w in keys])
         self._heads.fit(x[[row[(e.text, e.workflow)] for e in examples]], examples)
-        self._affine = self._fold()
+        self._fold()
 
-    def _fold(self) -> _Affine:
+    def _fold(self) -> None:
         vocab = len(self._vectorizer.vocabulary_)
         wf = self._workflows
         coef, intercept, constant = self._heads.linear_form(vocab + wf.width + 1)
-        columns = {w: j for w in wf.known() if (j := wf.column(w)) is not None}
-        return _Affine(
+        self._affine = _Affine(
             rows=TfidfRows(self._vectorizer),
             text=np.ascontiguousarray(coef[:vocab]),
             workflow=coef[vocab : vocab + wf.width] * wf.weight,
@@ -111,7 +110,7 @@ class TfidfRouter:
             intercept=intercept,
             constant=constant,
             length_centre=self._length_centre,
-            columns=columns,
+            columns=wf.columns(),
         )
 
     def predict_proba(self, texts: Sequence[str], workflows: Sequence[str]) -> F64:
@@ -125,13 +124,3 @@ class TfidfRouter:
     def predict_proba_sklearn(self, texts: Sequence[str], workflows: Sequence[str]) -> F64:
         """``predict_proba`` through scikit-learn's transform and heads (slower; for checking)."""
         return self._heads.predict_proba(self._features(texts, workflows))
-
-    def __getstate__(self) -> dict[str, Any]:
-        # The folded form is derived: artifacts keep only the fitted parts, and loading rebuilds it.
-        state = dict(self.__dict__)
-        state.pop("_affine", None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._affine = self._fold()
