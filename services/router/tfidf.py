@@ -40,6 +40,7 @@ class _Affine:
     length: F64  # [models]: the coefficient of the centred log length
     intercept: F64
     constant: F64  # [models]: a head's fixed probability, NaN for a fitted head
+    fitted: npt.NDArray[np.bool_]  # [models]: isnan(constant), once rather than per score
     length_centre: float
     columns: dict[str, int]
 
@@ -50,7 +51,7 @@ class _Affine:
             z += self.workflow[j]
         z += self.length * (float(np.log1p(approx_tokens(text))) - self.length_centre)
         p: F64 = expit(z)
-        return np.where(np.isnan(self.constant), p, self.constant)
+        return np.where(self.fitted, p, self.constant)
 
 
 class TfidfRouter(FoldedOnLoad):
@@ -109,6 +110,7 @@ class TfidfRouter(FoldedOnLoad):
             length=coef[vocab + wf.width],
             intercept=intercept,
             constant=constant,
+            fitted=np.isnan(constant),
             length_centre=self._length_centre,
             columns=wf.columns(),
         )
