@@ -4,6 +4,7 @@ each delta carries its end offset."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -54,3 +55,43 @@ async def test_a_request_flushed_alone_leaves_the_others_for_the_shared_flush() 
     await pub.flush(b)
     await pub.flush()
     assert len(store.calls) == 2  # nothing was left to send
+
+
+async def test_a_completion_takes_its_requests_pending_text_and_waits_for_a_flush_in_flight() -> None:
+    """``flush_with`` hands the request's last text to its completion (one round trip with the final
+    event), and never overtakes a flush of its earlier text that is still being written."""
+    pub, store = _publisher()
+    a, b = Job("a"), Job("b")
+    gate = asyncio.Event()
+    order: list[str] = []
+    publish = store.publish_deltas
+
+    async def slow_publish(engine: str, items: Sequence[tuple[str, int, str, int]]) -> list[bool]:
+        await gate.wait()
+        order.append("flush")
+        return await publish(engine, items)
+
+    store.publish_deltas = slow_publish  # type: ignore[method-assign]
+    pub.add(a, "a1")
+    pub.add(b, "b1")
+    flushing = asyncio.create_task(pub.flush())
+    await asyncio.sleep(0)  # the shared flush holds a1 and b1 now
+    pub.add(a, "a2")
+
+    async def complete(deltas: list[tuple[str, int, str, int]]) -> bool:
+        order.append("complete")
+        assert deltas == [("a", 1, "a2", 4)]  # a's text alone, its end after the flush's a1
+        return True
+
+    completing = asyncio.create_task(pub.flush_with(a, complete))
+    await asyncio.sleep(0)
+    assert order == []  # the completion waits for the flush of a1
+    gate.set()
+    assert await completing
+    await flushing
+    assert order == ["flush", "complete"]
+    assert await pub.flush_with(b, lambda deltas: _done(deltas)) == []  # b had nothing left
+
+
+async def _done(deltas: list[tuple[str, int, str, int]]) -> list[tuple[str, int, str, int]]:
+    return deltas

@@ -164,6 +164,31 @@ async def test_a_pipeline_whose_redis_lost_its_scripts_runs_them_again(
     assert await q.publish_deltas("e0", [("r1", 1, "x", 1)]) == [False]  # not running: fenced, not an error
 
 
+async def test_a_completion_writes_its_last_deltas_ahead_of_the_final_event(
+    redis_client: Redis, keys: Keys
+) -> None:
+    """The worker's last deltas ride in the completion's round trip: they land before the final event, the
+    program is credited once, and a stale attempt's completion writes neither (even with NOSCRIPT)."""
+    q = QueueStore(redis_client, keys)
+    await _assign(q, "p-last", "e0", "m", "wf", 0, "last", 60, {})
+    await q.enqueue("e0", _req("last", program="p-last"), Prediction(10, 20), 10.0, time.time(), {})
+    (c,) = await q.claim("e0", "w1", 1, lease_s=5)
+    assert await q.publish_deltas("e0", [("last", 1, "he", 2)]) == [True]
+    await redis_client.script_flush()
+    assert await q.complete(c, StageResult("hello", "stop", 3, 4), None, deltas=[("last", 1, "llo", 5)])
+    events = await _events(q, "last")
+    assert [(e.data["t"], e.data.get("text")) for e in events] == [
+        ("delta", "he"),
+        ("delta", "llo"),
+        ("final", "hello"),
+    ]
+    assert await redis_client.hget(keys.program("p-last"), "attained") == "4"
+    # A second completion of the same attempt (a retry whose reply was lost) changes nothing.
+    assert not await q.complete(c, StageResult("hello", "stop", 3, 4), None, deltas=[("last", 1, "x", 6)])
+    assert len(await _events(q, "last")) == 3
+    assert await redis_client.hget(keys.program("p-last"), "attained") == "4"
+
+
 async def test_one_flush_is_one_call_and_one_notify_entry_for_many_requests(
     redis_client: Redis, keys: Keys
 ) -> None:

@@ -37,6 +37,8 @@ from services.common.types import ClaimedRequest, Prediction, StageRequest, Stag
 
 # Deltas per PUBLISH call (publish_deltas).
 _PUBLISH_ITEMS = 64
+# One delta to publish: request id, attempt, text, the attempt's text length with it.
+DeltaItem = tuple[str, int, str, int]
 
 
 class QueueStore:
@@ -208,26 +210,25 @@ class QueueStore:
         delta is already in."""
         return (await self.publish_deltas(engine, [(request_id, attempt, text, end)]))[0]
 
-    async def publish_deltas(self, engine: str, items: Sequence[tuple[str, int, str, int]]) -> list[bool]:
+    async def publish_deltas(self, engine: str, items: Sequence[DeltaItem]) -> list[bool]:
         """Append one delta each to requests' output streams, (request id, attempt, text, the attempt's
         text length with it), and notify, in one round trip. A stream lives ``queue_ttl_s`` past its last
         event. Each is written only while its attempt holds the running request, and once."""
-        r, k = self.retention, self._k
+        res = await run_scripted(self._r, [self._publish], lambda p: self._queue_publish(p, engine, items))
+        return [bool(x) for r in res for x in r]
+
+    def _queue_publish(self, pipe: Pipeline, engine: str, items: Sequence[DeltaItem]) -> None:
         # One script call per _PUBLISH_ITEMS deltas (queue_scripts.PUBLISH): a bounded call keeps any one
         # script from holding Redis long when an engine runs hundreds of sequences.
-        chunks = [items[i : i + _PUBLISH_ITEMS] for i in range(0, len(items), _PUBLISH_ITEMS)]
-
-        def build(pipe: Pipeline) -> None:
-            for chunk in chunks:
-                keys: list[KeyT] = [k.notify(engine)]
-                args: list[EncodableT] = [r.stream_maxlen, r.queue_ttl_s, r.notify_maxlen]
-                for rid, attempt, text, end in chunk:
-                    keys += (k.output(engine, rid), k.request(engine, rid))
-                    note_head = f"[{json.dumps(rid)},"
-                    args += (rid, event_json(t="delta", a=attempt, text=text), attempt, end, note_head)
-                evalsha(pipe, self._publish, keys, args)
-
-        return [bool(x) for res in await run_scripted(self._r, [self._publish], build) for x in res]
+        r, k = self.retention, self._k
+        for i in range(0, len(items), _PUBLISH_ITEMS):
+            keys: list[KeyT] = [k.notify(engine)]
+            args: list[EncodableT] = [r.stream_maxlen, r.queue_ttl_s, r.notify_maxlen]
+            for rid, attempt, text, end in items[i : i + _PUBLISH_ITEMS]:
+                keys += (k.output(engine, rid), k.request(engine, rid))
+                note_head = f"[{json.dumps(rid)},"
+                args += (rid, event_json(t="delta", a=attempt, text=text), attempt, end, note_head)
+            evalsha(pipe, self._publish, keys, args)
 
     async def complete(
         self,
@@ -235,8 +236,12 @@ class QueueStore:
         result: StageResult,
         trace: TraceRow | None,
         extra: Mapping[str, Any] | None = None,
+        deltas: Sequence[DeltaItem] = (),
     ) -> bool:
-        """Finish a request with its result. False if this attempt no longer held it (nothing written)."""
+        """Finish a request with its result. False if this attempt no longer held it (nothing written).
+
+        ``deltas``: its last text not yet published, written ahead of the final event in the same round
+        trip (``publish_deltas``' items)."""
         state = "cancelled" if result.finish_reason == "cancelled" else "done"
         event = event_json(
             t="final",
@@ -250,7 +255,7 @@ class QueueStore:
         # The program's attained service (what MLFQ orders by): once per completed stage, by the one attempt
         # that completed it; inside COMPLETE on a single Redis, after it on a cluster (another slot).
         tokens = max(0, result.completion_tokens)
-        done = await self._finish(claimed, state, event, trace, None if self._cluster else tokens)
+        done = await self._finish(claimed, state, event, trace, None if self._cluster else tokens, deltas)
         if done and self._cluster:
             await self.credit_program(claimed.request.program_id, tokens)
         return done
@@ -260,9 +265,16 @@ class QueueStore:
         return await self._finish(claimed, "failed", event_json(t="error", code=code, message=message), None)
 
     async def _finish(
-        self, c: ClaimedRequest, state: str, event: str, trace: TraceRow | None, credit: int | None = None
+        self,
+        c: ClaimedRequest,
+        state: str,
+        event: str,
+        trace: TraceRow | None,
+        credit: int | None = None,
+        deltas: Sequence[DeltaItem] = (),
     ) -> bool:
-        """COMPLETE; ``credit``: output tokens to add to the program's attained service in the same step."""
+        """COMPLETE, after ``deltas`` (PUBLISH) in one pipeline; ``credit``: output tokens to add to the
+        program's attained service in the same step."""
         k, rid, r = self._k, c.request.request_id, self.retention
         keys: list[KeyT] = [
             k.request(c.engine, rid),
@@ -288,7 +300,14 @@ class QueueStore:
         if credit is not None:
             keys.append(k.program(c.request.program_id))
             args.append(credit)
-        return bool(await self._complete(keys=keys, args=args))
+        if not deltas:
+            return bool(await self._complete(keys=keys, args=args))
+
+        def build(pipe: Pipeline) -> None:
+            self._queue_publish(pipe, c.engine, deltas)
+            evalsha(pipe, self._complete, keys, args)
+
+        return bool((await run_scripted(self._r, [self._publish, self._complete], build))[-1])
 
     async def reattach(self, engine: str, request_id: str, now: float) -> QueuedRequest | None:
         """The request as it was enqueued (None if it does not exist), marked as re-attached at ``now``."""

@@ -5,8 +5,9 @@ one read and one gRPC message each), and an engine produces a token for every ru
 step. So requests never write their own deltas: they append to the publisher, which flushes everything
 pending every ``interval_s`` (or sooner once ``max_chars`` wait) as one pipeline of PUBLISH scripts: one
 stream entry per request per flush, whatever the batch size and the token rate. The worker flushes a
-request's first text at once, so coalescing never delays the time to first token, and flushes a request's
-own pending text before its completion, which keeps every delta ahead of its final event. The store
+request's first text at once, so coalescing never delays the time to first token, and hands a request's
+own pending text to its completion (``flush_with``), which writes it ahead of the final event in the same
+round trip: every delta stays ahead of the final event without a round trip of its own. The store
 writes a delta only while its attempt holds the request (``queue_scripts.PUBLISH``), and once.
 """
 
@@ -15,14 +16,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from redis.exceptions import RedisError
 
-from services.common.queue import QueueStore
+from services.common.queue import DeltaItem, QueueStore
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Source(Protocol):
@@ -78,30 +81,52 @@ class DeltaPublisher:
     async def flush(self, source: Source | None = None) -> None:
         """Send what is pending now, of every request or of ``source`` alone (and wait for it).
 
-        A request's first text and its last deltas before the final event go out alone: flushing every
-        request's text whenever one starts or ends would shrink everyone's coalescing window to the gap
-        between completions."""
+        A request's first text goes out alone: flushing every request's text whenever one starts would
+        shrink everyone's coalescing window to the gap between starts."""
         async with self._lock:
             if source is None:
                 batch, self._pending, self._chars = list(self._pending.values()), {}, 0
                 self._soon.clear()
+                if not self._pending:
+                    self._some.clear()
+                items = self._items(batch)
             else:
-                one = self._pending.pop(id(source), None)
-                batch = [one] if one is not None else []
-                self._chars -= sum(len(part) for p in batch for part in p.parts)
-            if not self._pending:
-                self._some.clear()
-            items = []
-            for p in batch:
-                if p.source.stale:
-                    continue
-                text = "".join(p.parts)
-                p.source.published += len(text)
-                items.append((p.source.request_id, p.source.attempt, text, p.source.published))
+                items = self._take(source)
             if items:
                 await self._store.publish_deltas(self._engine, items)
-                self.flushes += 1
-                self.entries += len(items)
+
+    async def flush_with(self, source: Source, send: Callable[[list[DeltaItem]], Awaitable[T]]) -> T:
+        """Hand ``source``'s pending text to ``send``, its completion, which writes it ahead of the final
+        event in the same round trip (``QueueStore.complete``'s ``deltas``).
+
+        Under the flush lock, like ``flush``: a flush of its earlier text still in flight on another
+        connection could otherwise land after these later deltas, and PUBLISH would drop it as already in.
+        """
+        async with self._lock:
+            return await send(self._take(source))
+
+    def _take(self, source: Source) -> list[DeltaItem]:
+        one = self._pending.pop(id(source), None)
+        if one is None:
+            return []
+        self._chars -= sum(len(part) for part in one.parts)
+        if not self._pending:
+            self._some.clear()
+        return self._items([one])
+
+    def _items(self, batch: list[_Pending]) -> list[DeltaItem]:
+        """The deltas to write, counted as sent; a stale attempt's text is dropped."""
+        items = []
+        for p in batch:
+            if p.source.stale:
+                continue
+            text = "".join(p.parts)
+            p.source.published += len(text)
+            items.append((p.source.request_id, p.source.attempt, text, p.source.published))
+        if items:
+            self.flushes += 1
+            self.entries += len(items)
+        return items
 
     async def run(self, closing: asyncio.Event) -> None:
         """Flush every ``interval_s`` (sooner when asked) until ``closing`` is set. With nothing pending it

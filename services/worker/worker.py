@@ -340,14 +340,17 @@ class Worker:
                 final = out
         if final is None:
             raise RuntimeError("the engine's stream ended without a finished output")
-        await self._deltas.flush(job)  # its deltas ahead of its final event
-        return final, "".join(parts)
+        return final, "".join(parts)  # its last deltas go out with its final event (_complete)
 
     async def _complete(self, job: Job, final: EngineOutput, text: str, run_s: float) -> None:
         c, engine_id, model = job.claimed, self._o.engine_id, self._engine.model
         result = records.stage_result(final, text)
         trace = records.trace_row(c, result, engine_id, model, run_s)
-        if await self._q.complete(c, result, trace, records.final_extra(c, engine_id, model, run_s)):
+        extra = records.final_extra(c, engine_id, model, run_s)
+        done = await self._deltas.flush_with(
+            job, lambda last: self._q.complete(c, result, trace, extra, last)
+        )
+        if done:
             self.completed_total += 1
             self._m.completed(result.finish_reason, run_s, result.completion_tokens)
         else:
