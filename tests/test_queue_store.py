@@ -151,6 +151,22 @@ async def test_completion_credits_its_program_in_the_same_step(redis_client: Red
     assert not await redis_client.exists(keys.program("ended"))
 
 
+async def test_a_claim_that_empties_the_queue_silences_the_doorbell(redis_client: Redis, keys: Keys) -> None:
+    """The doorbell announces queued work: a claim that takes the last request clears it, so the worker's
+    next wait blocks until a new request rings instead of waking to claim nothing; a claim that leaves
+    work behind keeps it."""
+    q = QueueStore(redis_client, keys)
+    for rid in ("a", "b", "c"):
+        await q.enqueue("e0", _req(rid), Prediction(10, 20), 10.0, time.time(), {})
+    assert await redis_client.llen(keys.wake("e0")) == 1
+    assert len(await q.claim("e0", "w1", 2, lease_s=5)) == 2
+    assert await redis_client.llen(keys.wake("e0")) == 1  # "c" still waits
+    assert len(await q.claim("e0", "w1", 2, lease_s=5)) == 1
+    assert not await redis_client.exists(keys.wake("e0"))
+    await q.enqueue("e0", _req("d"), Prediction(10, 20), 10.0, time.time(), {})
+    assert await redis_client.llen(keys.wake("e0")) == 1  # a new request rings again
+
+
 async def test_a_pipeline_whose_redis_lost_its_scripts_runs_them_again(
     redis_client: Redis, keys: Keys
 ) -> None:

@@ -164,7 +164,13 @@ class QueueStore:
         now = time.time()
         k = self._k
         rows = await self._claim(
-            keys=[k.queue(engine), k.claims(engine), k.inflight(engine), k.engine_info(engine)],
+            keys=[
+                k.queue(engine),
+                k.claims(engine),
+                k.inflight(engine),
+                k.engine_info(engine),
+                k.wake(engine),
+            ],
             args=[
                 n,
                 int(lease_s * 1000),

@@ -219,8 +219,8 @@ class Worker:
             if claimed:
                 self._m.claimed(len(claimed))
                 self._occupancy()
-            if claimed:
-                continue
+            if len(claimed) == room or (claimed and o.burst):
+                continue  # perhaps more waits; fewer than asked for means the queue ran dry (CLAIM)
             if o.burst:
                 if not self._held:
                     return
