@@ -141,11 +141,12 @@ return 1
 
 # KEYS: queue, claims, inflight, info, wake
 # ARGV: n, lease_ms, worker_id, now_s, req_prefix, max_attempts (when info has none)
-# Pops up to n requests in score order and claims each. A claim that empties the queue silences the doorbell:
-# its ring announced requests claimed now, and left in place it would wake a worker to claim nothing. A request on its last chance (charged with
+# Pops up to n requests in score order and claims each. A request on its last chance (charged with
 # max_attempts - 1 worker deaths, see GIVE_BACK) runs alone: it is claimed only while the engine holds no
 # other claim, nothing is claimed past it meanwhile (it keeps its place), and while it runs the engine
-# claims nothing else (``isolating`` in info names it until it no longer runs).
+# claims nothing else (``isolating`` in info names it until it no longer runs). A claim that empties the
+# queue silences the doorbell: its ring announced requests claimed now, and left in place it would wake a
+# worker to claim nothing.
 # Returns {id, payload, y, y90, t_enq, attempt, t_first_claim}*.
 CLAIM = (
     _RELEASE
