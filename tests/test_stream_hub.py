@@ -95,3 +95,65 @@ async def test_a_copy_the_hub_delivers_during_the_backlog_read_loses_nothing(
         assert "".join(e.data.get("text", "") for e in events) == "one two"
     finally:
         await hub.stop()
+
+
+class _CountedReads(QueueStore):
+    """Real store that counts the hub's direct reads of request streams (backlog fetches and probes)."""
+
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        super().__init__(redis, keys)
+        self.reads = 0
+
+    async def read_many(self, after: Mapping[tuple[str, str], str]) -> Any:
+        self.reads += 1
+        return await super().read_many(after)
+
+
+async def test_an_expected_request_streams_everything_without_a_backlog_read(
+    redis_client: Redis, keys: Keys
+) -> None:
+    """The dispatcher announces a request before enqueueing it: its first events, written before its
+    stream opens, still reach that stream, which reads nothing itself; an announcement nobody adopts is
+    not an open stream, and one withdrawn or expired leaves a later stream on the request to read its
+    backlog as usual."""
+    store = _CountedReads(redis_client, keys)
+    hub = StreamHub(store, Redis(connection_pool=redis_client.connection_pool), BLOCK_MS)
+    try:
+        async with hub.subscribe("e0", "busy"):  # the hub is reading e0 already
+            await asyncio.sleep(0.2)
+            store.reads = 0
+            hub.expect("e0", "r")
+            assert hub.open_streams == 1  # "busy" alone: an announcement is not a stream yet
+            await _publish(store, "e0", "r", "one ")
+            await _publish(store, "e0", "r", "two")
+            await asyncio.sleep(0.3)  # both copies reach the hub before the stream opens
+            async with hub.subscribe("e0", "r") as sub:
+                assert hub.open_streams == 2
+                events = await hub.next(sub, 1.0)
+            assert "".join(e.data.get("text", "") for e in events) == "one two"
+            assert store.reads == 0
+
+            hub.expect("e0", "withdrawn")
+            hub.unexpect("e0", "withdrawn")
+            await _publish(store, "e0", "withdrawn", "kept in its stream")
+            async with hub.subscribe("e0", "withdrawn") as sub:
+                events = await hub.next(sub, 1.0)
+            assert [e.data.get("text") for e in events] == ["kept in its stream"]
+            assert store.reads == 1  # its backlog, read as for any stream nobody announced
+        assert hub.open_streams == 0 and not hub._subs
+    finally:
+        await hub.stop()
+
+
+async def test_an_announcement_no_stream_adopts_is_forgotten(
+    redis_client: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller gone between its dispatch and its stream leaves nothing held in the hub for long."""
+    monkeypatch.setattr("services.dispatcher.hub._EXPECT_S", 0.2)
+    hub = StreamHub(QueueStore(redis_client, keys), Redis(connection_pool=redis_client.connection_pool), 100)
+    try:
+        hub.expect("e0", "never-streamed")
+        await asyncio.sleep(0.6)  # a few of the hub's rounds
+        assert not hub._subs and not hub._expected
+    finally:
+        await hub.stop()

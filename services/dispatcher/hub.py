@@ -14,7 +14,9 @@ while new subscriptions on another engine wait (measured: one-stage requests sta
 A subscription on an engine the read does not cover yet interrupts it. On a Redis Cluster the one read is
 one read per engine instead (``slot_reads``: a cluster refuses a read across slots).
 
-Nothing is lost in between: a subscription reads its request's own stream when it opens (its backlog);
+Nothing is lost in between: a subscription reads its request's own stream when it opens (its backlog),
+unless the dispatcher announced the request before enqueueing it (``expect``): the hub then holds its events
+from before the first one can exist, and the stream opening on it adopts them without a read of its own;
 the loop starts a newly read notify stream a few seconds in the past (a copy delivered twice is dropped by
 its stream id); and a subscriber that hears nothing for ``probe_s`` reads its stream directly (``poll``),
 which also covers copies trimmed away while the hub was behind.
@@ -52,6 +54,9 @@ _RETRY_S = 0.5
 # An engine nobody streams from is still read this long, so the next stream on it needs no interruption.
 _KEEP_S = 60.0
 _READ_COUNT = 10_000
+# An expected request whose stream has not opened this long is forgotten (its caller went away between the
+# dispatch and the stream); a stream opening on it later reads its backlog as any other does.
+_EXPECT_S = 10.0
 
 
 @dataclass(eq=False)
@@ -118,6 +123,8 @@ class StreamHub:
         self._stopping = False
         self._grown = asyncio.Event()  # a subscription on an engine the current read does not cover
         self._later: set[asyncio.Task[None]] = set()
+        # Subscriptions made by ``expect`` that no stream has adopted yet -> when (monotonic).
+        self._expected: dict[tuple[str, str], float] = {}
 
     def later(self, delay_s: float, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` after ``delay_s`` (a stream's deferred cancel); dropped if the hub stops first."""
@@ -136,27 +143,48 @@ class StreamHub:
 
     @property
     def open_streams(self) -> int:
-        return len(self._subs)
+        return len(self._subs) - len(self._expected)
+
+    def expect(self, engine: str, request_id: str) -> None:
+        """Hold the events of a request about to be enqueued, for the stream that will open on it: called
+        before the request can have any, it spares that stream the read of its backlog."""
+        self._register(Subscription(engine, request_id))
+        self._expected[(engine, request_id)] = time.monotonic()
+
+    def unexpect(self, engine: str, request_id: str) -> None:
+        """The announced request was not enqueued after all."""
+        if self._expected.pop((engine, request_id), None) is not None:
+            self._unregister(engine, request_id)
 
     @contextlib.asynccontextmanager
     async def subscribe(self, engine: str, request_id: str) -> AsyncIterator[Subscription]:
-        """Register for a request's events for the duration of the block; its backlog is fetched first."""
-        sub = Subscription(engine, request_id)
-        self._subs[(engine, request_id)] = sub
-        if engine not in self._engines:
-            self._grown.set()
-        self._engines[engine] = math.inf
-        self._open[engine] += 1
-        self._ensure_running()
+        """Register for a request's events for the duration of the block; its backlog is fetched first,
+        unless the request was expected (``expect``)."""
+        key = (engine, request_id)
+        expected = self._expected.pop(key, None) is not None
+        sub = self._subs[key] if expected else self._register(Subscription(engine, request_id))
         try:
-            await self.poll(sub)
+            if not expected:
+                await self.poll(sub)
             yield sub
         finally:
-            self._subs.pop((engine, request_id), None)
-            self._open[engine] -= 1
-            if not self._open[engine]:
-                del self._open[engine]
-                self._engines[engine] = time.monotonic()
+            self._unregister(engine, request_id)
+
+    def _register(self, sub: Subscription) -> Subscription:
+        self._subs[(sub.engine, sub.request_id)] = sub
+        if sub.engine not in self._engines:
+            self._grown.set()
+        self._engines[sub.engine] = math.inf
+        self._open[sub.engine] += 1
+        self._ensure_running()
+        return sub
+
+    def _unregister(self, engine: str, request_id: str) -> None:
+        self._subs.pop((engine, request_id), None)
+        self._open[engine] -= 1
+        if not self._open[engine]:
+            del self._open[engine]
+            self._engines[engine] = time.monotonic()
 
     async def next(self, sub: Subscription, timeout_s: float) -> list[OutputEvent]:
         """The events delivered since the last call, waiting up to ``timeout_s`` for the first."""
@@ -253,6 +281,8 @@ class StreamHub:
     async def _round(self) -> None:
         self._grown.clear()  # before the engines are listed: a subscription after this sets it again
         now = time.monotonic()
+        for key in [k for k, t in self._expected.items() if now - t > _EXPECT_S]:
+            self.unexpect(*key)
         # Engines nobody streamed from for a while are forgotten: read again later, they start afresh.
         self._engines = {e: t for e, t in self._engines.items() if now - t < _KEEP_S}
         names = {self._keys.notify(e): e for e in sorted(self._engines)}
