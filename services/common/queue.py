@@ -30,7 +30,8 @@ from services.common.queue_records import (
     Retention,
     cancelled_event,
     event_json,
-    poison_message,
+    give_back_args,
+    give_back_keys,
 )
 from services.common.redis_client import is_cluster
 from services.common.types import ClaimedRequest, Prediction, StageRequest, StageResult, TraceRow
@@ -358,36 +359,11 @@ class QueueStore:
 
     async def reap(self, engine: str) -> list[str]:
         """Re-queue requests whose worker's lease expired. Returns the re-queued ids."""
-        args = self._give_back_args(engine, "cancelled; its worker died", time.time())
-        ids = await self._reap(keys=self._give_back_keys(engine), args=args)
+        args = give_back_args(self._k, self.retention, engine, "cancelled; its worker died", time.time())
+        ids = await self._reap(keys=give_back_keys(self._k, engine), args=args)
         if ids:
             await self._r.rpush(self._k.wake(engine), 1)
         return list(ids)
-
-    def _give_back_keys(self, engine: str) -> list[KeyT]:
-        k = self._k
-        return [
-            k.claims(engine),
-            k.queue(engine),
-            k.inflight(engine),
-            k.engine_info(engine),
-            k.notify(engine),
-        ]
-
-    def _give_back_args(self, engine: str, cancelled_reason: str, now: float) -> list[EncodableT]:
-        """The arguments REAP and RETURN_CLAIMS share (queue_scripts' GIVE_BACK configuration)."""
-        r = self.retention
-        return [
-            self._req_prefix(engine),
-            self._k.output(engine, ""),
-            r.max_attempts,
-            r.finished_ttl_s,
-            poison_message(engine),
-            repr(now),
-            r.notify_maxlen,
-            r.queue_ttl_s,
-            cancelled_event(cancelled_reason),
-        ]
 
     async def return_claims(self, engine: str, held: Sequence[tuple[str, int, bool]]) -> list[str]:
         """Hand back the claims of a live worker whose engine died, (request id, attempt, started) each, at
@@ -395,10 +371,10 @@ class QueueStore:
         Returns the ids re-queued (the rest were failed as poison, cancelled, or no longer held)."""
         if not held:
             return []
-        args = self._give_back_args(engine, "cancelled; its engine died", time.time())
+        args = give_back_args(self._k, self.retention, engine, "cancelled; its engine died", time.time())
         for rid, attempt, started in held:
             args += [rid, attempt, 1 if started else 0]
-        ids = await self._return_claims(keys=self._give_back_keys(engine), args=args)
+        ids = await self._return_claims(keys=give_back_keys(self._k, engine), args=args)
         if ids:
             await self._r.rpush(self._k.wake(engine), 1)
         return list(ids)

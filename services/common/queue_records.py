@@ -8,6 +8,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from redis.typing import EncodableT, KeyT
+
+from services.common.keys import Keys
 from services.common.types import Prediction
 
 READ_BATCH = 512  # output events one read returns at most
@@ -75,3 +78,23 @@ def cancelled_event(reason: str) -> str:
         completion_tokens=0,
         reason=reason,
     )
+
+
+def give_back_keys(k: Keys, engine: str) -> list[KeyT]:
+    """The keys REAP and RETURN_CLAIMS share (queue_scripts' GIVE_BACK)."""
+    return [k.claims(engine), k.queue(engine), k.inflight(engine), k.engine_info(engine), k.notify(engine)]
+
+
+def give_back_args(k: Keys, r: Retention, engine: str, cancelled_reason: str, now: float) -> list[EncodableT]:
+    """The arguments REAP and RETURN_CLAIMS share (queue_scripts' GIVE_BACK configuration)."""
+    return [
+        k.request(engine, ""),
+        k.output(engine, ""),
+        r.max_attempts,
+        r.finished_ttl_s,
+        poison_message(engine),
+        repr(now),
+        r.notify_maxlen,
+        r.queue_ttl_s,
+        cancelled_event(cancelled_reason),
+    ]
