@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 OUT = Path("bench/results")
-COMMAND = "alternated: (cd <worktree of f742f5a with today's bench/load*.py, bench/overhead_procs.py, chimera_client and generated protos copied in> && python -m bench.load --name ab_before_K --phases throughput --no-overload --doors grpc --concurrencies 1 16 64); python -m bench.load --name ab_after_K --phases throughput --no-overload --doors grpc --concurrencies 1 16 64 --inference remote inline"
+COMMAND = "alternated: (cd <worktree of f742f5a with today's bench/load*.py, bench/overhead_procs.py, chimera_client and generated protos copied in> && python -m bench.load --name ab_before_K --phases throughput --no-overload --doors grpc --concurrencies 1 16 64 --rates 50 150); python -m bench.load --name ab_after_K --phases throughput --no-overload --doors grpc --concurrencies 1 16 64 --rates 50 150 --inference remote inline"
 
 
 def _collect(before_dir: Path | None, raw: Path) -> None:
