@@ -157,3 +157,25 @@ async def test_an_announcement_no_stream_adopts_is_forgotten(
         assert not hub._subs and not hub._expected
     finally:
         await hub.stop()
+
+
+async def test_a_retry_streaming_the_same_request_keeps_hearing_after_the_old_stream_closes(
+    redis_client: Redis, keys: Keys
+) -> None:
+    """A retry re-attaches in this process before the stream it replaces has closed: both hear the events
+    while open, and the old one closing does not silence the new one (before, the second subscription
+    replaced the first, and the first's exit removed the second: it heard nothing until its 5 s probe)."""
+    store = QueueStore(redis_client, keys)
+    hub = StreamHub(store, Redis(connection_pool=redis_client.connection_pool), BLOCK_MS)
+    try:
+        async with hub.subscribe("e0", "r") as new:
+            async with hub.subscribe("e0", "r") as old:
+                await _publish(store, "e0", "r", "one ")
+                assert [e.data["text"] for e in await hub.next(old, 1.0)] == ["one "]
+                assert [e.data["text"] for e in await hub.next(new, 1.0)] == ["one "]
+            assert hub.open_streams == 1
+            await _publish(store, "e0", "r", "two")
+            assert [e.data["text"] for e in await hub.next(new, 1.0)] == ["two"]
+        assert hub.open_streams == 0 and not hub._subs
+    finally:
+        await hub.stop()

@@ -113,7 +113,10 @@ class StreamHub:
         self._block_ms = block_ms
         self._slot_reads = SlotReads(reader, block_ms, _READ_COUNT) if is_cluster(reader) else None
         self._clock = clock
-        self._subs: dict[tuple[str, str], Subscription] = {}
+        # Request -> its open subscriptions: usually one; two while a retry re-attaches in this process
+        # before the stream it replaces has closed (each must keep hearing until it closes itself).
+        self._subs: dict[tuple[str, str], list[Subscription]] = {}
+        self._streams = 0
         self._cursor: dict[KeyT, StreamIdT] = {}  # notify stream -> id read up to
         # Engine read -> when its last subscription closed (monotonic; inf while any is open). Kept up to
         # date by subscribe, so a round never walks the (thousands of) subscriptions.
@@ -124,7 +127,7 @@ class StreamHub:
         self._grown = asyncio.Event()  # a subscription on an engine the current read does not cover
         self._later: set[asyncio.Task[None]] = set()
         # Subscriptions made by ``expect`` that no stream has adopted yet -> when (monotonic).
-        self._expected: dict[tuple[str, str], float] = {}
+        self._expected: dict[tuple[str, str], tuple[Subscription, float]] = {}
 
     def later(self, delay_s: float, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` after ``delay_s`` (a stream's deferred cancel); dropped if the hub stops first."""
@@ -143,35 +146,36 @@ class StreamHub:
 
     @property
     def open_streams(self) -> int:
-        return len(self._subs) - len(self._expected)
+        return self._streams - len(self._expected)
 
     def expect(self, engine: str, request_id: str) -> None:
         """Hold the events of a request about to be enqueued, for the stream that will open on it: called
         before the request can have any, it spares that stream the read of its backlog."""
-        self._register(Subscription(engine, request_id))
-        self._expected[(engine, request_id)] = time.monotonic()
+        self.unexpect(engine, request_id)  # a re-dispatch of the same id replaces its announcement
+        sub = self._register(Subscription(engine, request_id))
+        self._expected[(engine, request_id)] = (sub, time.monotonic())
 
     def unexpect(self, engine: str, request_id: str) -> None:
         """The announced request was not enqueued after all."""
-        if self._expected.pop((engine, request_id), None) is not None:
-            self._unregister(engine, request_id)
+        if (held := self._expected.pop((engine, request_id), None)) is not None:
+            self._unregister(held[0])
 
     @contextlib.asynccontextmanager
     async def subscribe(self, engine: str, request_id: str) -> AsyncIterator[Subscription]:
         """Register for a request's events for the duration of the block; its backlog is fetched first,
         unless the request was expected (``expect``)."""
-        key = (engine, request_id)
-        expected = self._expected.pop(key, None) is not None
-        sub = self._subs[key] if expected else self._register(Subscription(engine, request_id))
+        held = self._expected.pop((engine, request_id), None)
+        sub = held[0] if held is not None else self._register(Subscription(engine, request_id))
         try:
-            if not expected:
+            if held is None:
                 await self.poll(sub)
             yield sub
         finally:
-            self._unregister(engine, request_id)
+            self._unregister(sub)
 
     def _register(self, sub: Subscription) -> Subscription:
-        self._subs[(sub.engine, sub.request_id)] = sub
+        self._subs.setdefault((sub.engine, sub.request_id), []).append(sub)
+        self._streams += 1
         if sub.engine not in self._engines:
             self._grown.set()
         self._engines[sub.engine] = math.inf
@@ -179,8 +183,15 @@ class StreamHub:
         self._ensure_running()
         return sub
 
-    def _unregister(self, engine: str, request_id: str) -> None:
-        self._subs.pop((engine, request_id), None)
+    def _unregister(self, sub: Subscription) -> None:
+        engine, key = sub.engine, (sub.engine, sub.request_id)
+        subs = self._subs.get(key, [])
+        if sub not in subs:
+            return
+        subs.remove(sub)
+        if not subs:
+            del self._subs[key]
+        self._streams -= 1
         self._open[engine] -= 1
         if not self._open[engine]:
             del self._open[engine]
@@ -271,7 +282,7 @@ class StreamHub:
             except REDIS_DOWN as e:
                 # Every subscriber learns at once that Redis went away, as a direct reader would.
                 log.warning("stream hub cannot read Redis: %s", e)
-                for sub in list(self._subs.values()):
+                for sub in [s for subs in self._subs.values() for s in subs]:
                     sub.fail(StoreUnavailable(f"redis is unreachable: {e}"))
                 await asyncio.sleep(_RETRY_S)
             except Exception:
@@ -281,7 +292,7 @@ class StreamHub:
     async def _round(self) -> None:
         self._grown.clear()  # before the engines are listed: a subscription after this sets it again
         now = time.monotonic()
-        for key in [k for k, t in self._expected.items() if now - t > _EXPECT_S]:
+        for key in [k for k, (_, t) in self._expected.items() if now - t > _EXPECT_S]:
             self.unexpect(*key)
         # Engines nobody streamed from for a while are forgotten: read again later, they start afresh.
         self._engines = {e: t for e, t in self._engines.items() if now - t < _KEEP_S}
@@ -303,7 +314,8 @@ class StreamHub:
             for _, fields in entries:
                 if "m" in fields:  # a worker's flush: many requests' deltas in one entry (PUBLISH)
                     for rid, sid, event in json.loads(fields["m"]):
-                        if (sub := self._subs.get((engine, rid))) is not None:
+                        for sub in self._subs.get((engine, rid), ()):
                             sub.offer([OutputEvent(sid, event)])
-                elif (sub := self._subs.get((engine, fields["r"]))) is not None:
-                    sub.offer([OutputEvent(fields["i"], json.loads(fields["e"]))])
+                else:
+                    for sub in self._subs.get((engine, fields["r"]), ()):
+                        sub.offer([OutputEvent(fields["i"], json.loads(fields["e"]))])
