@@ -87,8 +87,7 @@ class DeltaPublisher:
             if source is None:
                 batch, self._pending, self._chars = list(self._pending.values()), {}, 0
                 self._soon.clear()
-                if not self._pending:
-                    self._some.clear()
+                self._some.clear()
                 items = self._items(batch)
             else:
                 items = self._take(source)
