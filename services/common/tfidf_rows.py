@@ -17,6 +17,7 @@ that differ from the ones it was trained to give.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -79,15 +80,16 @@ class TfidfRows:
         return out
 
 
-class FoldedOnLoad:
+class FoldedOnLoad(abc.ABC):
     """A fitted model whose serving form (the attributes named in ``_DERIVED``) ``_fold`` derives from its
     fitted parts: pickles (artifacts) leave it out, and unpickling rebuilds it, so artifacts saved before the
     serving form existed serve through it too."""
 
     _DERIVED: tuple[str, ...] = ()
 
+    @abc.abstractmethod
     def _fold(self) -> None:
-        raise NotImplementedError
+        """Derive the serving form from the fitted parts (after fitting, and on unpickling)."""
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in self._DERIVED}

@@ -322,19 +322,19 @@ class Dispatcher:
         decision.update(detour_record(engine, browned_out_from, moved_from, self._gate.bounds))
         decision["dispatch_ms_before_enqueue"] = ms_since(started)
         self.hub.expect(engine, req.request_id)  # its stream then needs no backlog read (hub.py)
+        enqueued = False
         try:
             enqueued = await self._redis(
                 t, self.store.enqueue(engine, req, pred, score, t_enq, decision, max_load, fair.weight)
             )
-        except BaseException as exc:
-            self.hub.unexpect(engine, req.request_id)
-            if not isinstance(exc, EngineFull):
-                raise
+        except EngineFull:
             # The engine filled past the bound between our read and our write (concurrent dispatches).
             full = next(e for e in engines if e.engine_id == engine)
             await self._undo_and_refuse(t, status, req, self._gate.filled(full))
-        if not enqueued:  # a retry that raced its first copy past the check above: it has a backlog
-            self.hub.unexpect(engine, req.request_id)
+        finally:
+            if not enqueued:  # refused, failed, or a retry's first copy (which has a backlog): withdrawn
+                self.hub.unexpect(engine, req.request_id)
+        if not enqueued:  # a retry that raced its first copy past the check above
             return await self._reattach(t, status, program, req, engine, model, started)
         claim.enqueued()
         d = Dispatched(

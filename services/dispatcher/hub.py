@@ -116,7 +116,6 @@ class StreamHub:
         # Request -> its open subscriptions: usually one; two while a retry re-attaches in this process
         # before the stream it replaces has closed (each must keep hearing until it closes itself).
         self._subs: dict[tuple[str, str], list[Subscription]] = {}
-        self._streams = 0
         self._cursor: dict[KeyT, StreamIdT] = {}  # notify stream -> id read up to
         # Engine read -> when its last subscription closed (monotonic; inf while any is open). Kept up to
         # date by subscribe, so a round never walks the (thousands of) subscriptions.
@@ -146,7 +145,7 @@ class StreamHub:
 
     @property
     def open_streams(self) -> int:
-        return self._streams - len(self._expected)
+        return sum(self._open.values()) - len(self._expected)
 
     def expect(self, engine: str, request_id: str) -> None:
         """Hold the events of a request about to be enqueued, for the stream that will open on it: called
@@ -175,7 +174,6 @@ class StreamHub:
 
     def _register(self, sub: Subscription) -> Subscription:
         self._subs.setdefault((sub.engine, sub.request_id), []).append(sub)
-        self._streams += 1
         if sub.engine not in self._engines:
             self._grown.set()
         self._engines[sub.engine] = math.inf
@@ -191,7 +189,6 @@ class StreamHub:
         subs.remove(sub)
         if not subs:
             del self._subs[key]
-        self._streams -= 1
         self._open[engine] -= 1
         if not self._open[engine]:
             del self._open[engine]

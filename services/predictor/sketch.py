@@ -49,18 +49,17 @@ class TextSketch(FoldedOnLoad):
             self._vectorizer.set_params(min_df=1)  # a handful of tasks would leave no vocabulary
         self._fitted = True
         self._svd = None
-        self._projection = None  # a refit that ends without a sketch must not serve the old one
         try:
             tfidf = self._vectorizer.fit_transform(texts)
         except ValueError:  # no token in any text (empty vocabulary): nothing to sketch
             self._width = 0
-            return
-        # SVD needs fewer components than either side of the matrix; a degenerate vocabulary gets no sketch.
-        self._width = max(0, min(self.components, tfidf.shape[0] - 1, tfidf.shape[1] - 1))
-        if self._width:
-            self._svd = TruncatedSVD(n_components=self._width, random_state=self._seed)
-            self._svd.fit(tfidf)
-        self._fold()
+        else:
+            # SVD needs fewer components than either side of the matrix; a degenerate vocabulary gets none.
+            self._width = max(0, min(self.components, tfidf.shape[0] - 1, tfidf.shape[1] - 1))
+            if self._width:
+                self._svd = TruncatedSVD(n_components=self._width, random_state=self._seed)
+                self._svd.fit(tfidf)
+        self._fold()  # without a sketch too: a refit must not serve the old projection
 
     def _fold(self) -> None:
         self._projection = None
