@@ -77,8 +77,13 @@ def test_sketch_projection_equals_vectorizer_and_svd(texts: list[str]) -> None:
     np.testing.assert_allclose(loaded.transform(rows), want, rtol=1e-10, atol=1e-12)
 
 
-def test_sketch_without_vocabulary_has_no_columns() -> None:
+def test_sketch_without_vocabulary_has_no_columns(texts: list[str]) -> None:
     rows = [PredictorInput("m", "code", 0, "", "!!!", "!!!")] * 3
     sketch = TextSketch(components=4)
+    sketch.fit(rows)
+    assert sketch.transform(rows).shape == (3, 0)
+    # A refit that ends without a sketch drops the projection of the fit before it.
+    sketch.fit([PredictorInput("m", "code", 0, "", t, t) for t in texts[:40]])
+    assert sketch.transform(rows).shape == (3, 4)
     sketch.fit(rows)
     assert sketch.transform(rows).shape == (3, 0)
