@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 from worker_procs import Spawner
 
 from services.common.keys import Keys
+from services.common.redis_client import connect_tool
 from services.common.redis_proc import PrivateRedis, start_private_redis
 
 
@@ -29,7 +30,7 @@ def keys() -> Keys:
 
 @pytest.fixture
 async def redis_client(private_redis: PrivateRedis) -> AsyncIterator[Redis]:
-    client = Redis.from_url(private_redis.url, decode_responses=True)
+    client = connect_tool(private_redis.url)  # the product's client (cancel-safe: services.common.redis_conn)
     yield client
     await client.aclose()
 

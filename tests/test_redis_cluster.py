@@ -21,6 +21,7 @@ from services.common.queue import QueueStore
 from services.common.redis_client import connect, connect_reader, connect_sync, is_cluster
 from services.common.redis_cluster import ClusterTarget
 from services.common.redis_cluster_proc import RedisClusterProcs
+from services.common.redis_conn import CancelSafeConnection
 from services.common.types import Prediction, StageResult
 from services.dispatcher.hub import StreamHub
 from services.inspect.queue_view import queue_view
@@ -48,6 +49,15 @@ async def cluster_client(redis_cluster: RedisClusterProcs) -> AsyncIterator[Redi
     assert is_cluster(client)
     yield client
     await client.aclose()
+
+
+async def test_the_cluster_client_connects_with_cancel_safe_connections(cluster_client: Redis) -> None:
+    # NOTE(cancel) in services.common.redis_conn: the cluster client picks its connection class itself.
+    await cluster_client.set("cancel-safe-probe", "1")
+    nodes = cluster_client.get_nodes()  # type: ignore[attr-defined]
+    assert nodes and {n.connection_class for n in nodes} == {CancelSafeConnection}
+    assert {type(c) for n in nodes for c in n._free} <= {CancelSafeConnection}
+    await cluster_client.delete("cancel-safe-probe")
 
 
 def _engines_on_two_masters(cluster: RedisClusterProcs, keys: Keys) -> tuple[str, str]:

@@ -24,12 +24,13 @@ from typing import Any, cast
 
 import redis
 import redis.cluster
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import EqualJitterBackoff
 
 from services.common.redis_cluster import async_cluster, is_cluster_url, sync_cluster
+from services.common.redis_conn import cancel_safe
 
 # How long a caller waits for a free connection before the pool gives up (then it is an outage).
 POOL_WAIT_S = 10.0
@@ -61,7 +62,7 @@ def connect(url: str, max_connections: int, outage_s: float = DEFAULT_OUTAGE_S) 
         timeout=POOL_WAIT_S,
         retry=outage_retry(outage_s),
     )
-    return Redis.from_pool(pool)
+    return Redis.from_pool(cancel_safe(pool))
 
 
 def connect_reader(url: str, outage_s: float = DEFAULT_OUTAGE_S) -> Redis:
@@ -70,7 +71,9 @@ def connect_reader(url: str, outage_s: float = DEFAULT_OUTAGE_S) -> Redis:
     On a cluster, one connection per notify stream the hub reads (see ``services.dispatcher.hub``)."""
     if is_cluster_url(url):
         return cast(Redis, async_cluster(url, _READER_NODE_CONNECTIONS, outage_retry(outage_s), outage_s))
-    return Redis.from_url(url, decode_responses=True, max_connections=1, retry=outage_retry(outage_s))
+    retry = outage_retry(outage_s)
+    pool = ConnectionPool.from_url(url, decode_responses=True, max_connections=1, retry=retry)
+    return Redis.from_pool(cancel_safe(pool))
 
 
 def connect_tool(url: str) -> Redis:
@@ -78,7 +81,7 @@ def connect_tool(url: str) -> Redis:
     or the cluster client for a cluster URL."""
     if is_cluster_url(url):
         return cast(Redis, async_cluster(url, _TOOL_NODE_CONNECTIONS, outage_retry(0.0), 0.0))
-    return Redis.from_url(url, decode_responses=True)
+    return Redis.from_pool(cancel_safe(ConnectionPool.from_url(url, decode_responses=True)))
 
 
 def connect_sync(url: str, **options: Any) -> redis.Redis:

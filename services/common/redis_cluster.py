@@ -33,6 +33,8 @@ from redis.backoff import NoBackoff
 from redis.connection import parse_url
 from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 
+from services.common.redis_conn import cancel_safe_class
+
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 # redis-py's cluster pipeline sleeps this long between its tries (a constant inside redis-py).
 _PIPELINE_PAUSE_S = 0.25
@@ -103,6 +105,12 @@ class OutageCluster(AsyncRedisCluster):
         single: ContextVar[bool] = ContextVar(f"chimera-cluster-{id(self)}", default=False)
         retries = _CommandRetries(max(1, math.ceil(outage_s / _PIPELINE_PAUSE_S)), single)
         super().__init__(retry=retries, **kwargs)
+        # The client picks its connection class itself: swap in the cancel-safe one (NOTE(cancel) in
+        # redis_conn) for the startup nodes, and in the arguments that nodes found later are made with.
+        safe = cancel_safe_class(self.connection_kwargs["connection_class"])
+        self.connection_kwargs["connection_class"] = safe
+        for node in self.startup_nodes:
+            node.connection_class = safe  # type: ignore[assignment]
         outage.update_supported_errors(list(_FAILOVER_ERRORS))  # type: ignore[arg-type]
         self._outage, self._single = outage, single
 
