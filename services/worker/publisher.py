@@ -140,8 +140,10 @@ class DeltaPublisher:
                     for w in waits:
                         w.cancel()
                 continue
+            # asyncio.timeout, not wait_for: wait_for wraps the wait in a task of its own, once per flush.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._soon.wait(), self._interval_s)
+                async with asyncio.timeout(self._interval_s):
+                    await self._soon.wait()
             try:
                 await self.flush()
             except RedisError as e:

@@ -231,7 +231,8 @@ class Worker:
 
     async def _wait_slot(self) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._slot_freed.wait(), self._o.claim_wait_s)
+            async with asyncio.timeout(self._o.claim_wait_s):
+                await self._slot_freed.wait()
 
     def _start_job(self, c: ClaimedRequest) -> None:
         rid = c.request.request_id
