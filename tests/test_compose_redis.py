@@ -22,13 +22,13 @@ import pytest
 import redis
 from celery import Celery
 from dispatcher_fakes import dispatcher_server, fake_dependencies, fake_workers, register_engines
-from redis.asyncio import Redis as AsyncRedis
 from test_compose import SERVICES, redis_options, secret
 
 from chimera.dispatcher.v1 import dispatcher_pb2 as pb
 from chimera.dispatcher.v1 import dispatcher_pb2_grpc
 from services.common.keys import Keys
 from services.common.queue import QueueStore
+from services.common.redis_client import connect_tool
 from services.jobs.app import make_app
 from services.jobs.config import JobsSettings
 from services.jobs.tasks import EXPORT_TRACES, PROFILE_ENGINE
@@ -120,8 +120,8 @@ def test_only_the_jobs_user_enqueues_jobs(acl_redis: AclRedis) -> None:
 
 async def test_a_stage_runs_with_the_dispatcher_and_worker_users(acl_redis: AclRedis) -> None:
     keys = Keys("chimera")
-    dispatcher_redis = AsyncRedis.from_url(acl_redis.user_url("dispatcher"), decode_responses=True)
-    worker_redis = AsyncRedis.from_url(acl_redis.user_url("worker"), decode_responses=True)
+    dispatcher_redis = connect_tool(acl_redis.user_url("dispatcher"))  # the product's (cancel-safe) client
+    worker_redis = connect_tool(acl_redis.user_url("worker"))
     try:
         await register_engines(worker_redis, keys)
         async with (

@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 
 from services.common.keys import Keys
 from services.common.queue import QueueStore
+from services.common.redis_client import connect_tool
 from services.common.redis_proc import PrivateRedis
 from services.common.types import ChatMessage, Prediction, SamplingParams, StageRequest, StageResult
 from services.dispatcher.config import DispatcherSettings
@@ -89,7 +90,7 @@ def _req(program: str, stage: int, rid: str) -> StageRequest:
 
 async def test_replicas_keep_inflight_accounting_exact(private_redis: PrivateRedis, keys: Keys) -> None:
     settings = DispatcherSettings(redis_url=private_redis.url, key_prefix=keys.prefix, tau=1.0, delta_s=0.05)
-    clients = [Redis.from_url(private_redis.url, decode_responses=True) for _ in range(N_REPLICAS)]
+    clients = [connect_tool(private_redis.url) for _ in range(N_REPLICAS)]
     try:
         await _register(clients[0], keys)
         replicas = [

@@ -66,8 +66,8 @@ class Worker:
         self._held: dict[str, Job] = {}
         self._stop = asyncio.Event()
         self._slot_freed = asyncio.Event()
-        # Background loops stop on this event rather than by cancellation: a cancel that lands inside a
-        # redis-py command can be absorbed by the client, which would leave the loop running forever.
+        # Background loops stop on this event rather than by cancellation: a loop on a client built without
+        # redis_client (NOTE(cancel) in services.common.redis_conn) could absorb the cancel and run forever.
         self._closing = asyncio.Event()
         self._fatal: EngineDeadError | None = None
         self._reg: registration.Registration | None = None  # re-written by a heartbeat that finds it gone
