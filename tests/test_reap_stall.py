@@ -14,6 +14,7 @@ from worker_procs import stage_request
 from services.common.keys import EngineField, Keys
 from services.common.queue import QueueStore
 from services.common.types import Prediction
+from services.dispatcher.reaper import reap_forever
 
 pytestmark = pytest.mark.redis
 
@@ -55,3 +56,22 @@ async def test_without_a_stall_an_expired_lease_is_reaped_at_once(redis_client: 
     assert await q.reap(E) == []
     await asyncio.sleep(LEASE_S * 1.5)
     assert await q.reap(E) == ["r"]
+
+
+async def test_the_dispatchers_reaper_stops_on_its_event_and_hands_its_lease_back(
+    redis_client: Redis, keys: Keys
+) -> None:
+    # NOTE(cancel) in services.common.redis_conn: it must stop without being cancelled, between rounds or
+    # in one, and leave the lease free for another replica at once.
+    stop = asyncio.Event()
+    task = asyncio.create_task(reap_forever(QueueStore(redis_client, keys), redis_client, 0.05, "r1", stop))
+    for _ in range(100):
+        if await redis_client.get(keys.reaper_lease()) == "r1":
+            break
+        await asyncio.sleep(0.02)
+    assert await redis_client.get(keys.reaper_lease()) == "r1"
+    await asyncio.sleep(0.12)  # a few rounds
+    stop.set()
+    done, _ = await asyncio.wait({task}, timeout=2.0)
+    assert done == {task} and task.exception() is None
+    assert await redis_client.get(keys.reaper_lease()) is None
