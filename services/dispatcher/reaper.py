@@ -59,28 +59,19 @@ class ReaperLease:
             self.held = False
 
 
-async def reap_forever(
-    store: QueueStore, redis: Redis, interval_s: float, replica: str, stop: asyncio.Event
-) -> None:
-    """Reap every ``interval_s`` seconds while this replica holds the reaper lease, until ``stop`` is set;
-    then hand the lease back. Redis errors are logged and retried next round.
-
-    It ends on an event rather than on a cancellation, as the worker's loops do: a cancellation that a
-    Redis client absorbs (NOTE(cancel) in ``services.common.redis_conn``) would leave it running and its
-    stop waiting forever."""
+async def reap_forever(store: QueueStore, redis: Redis, interval_s: float, replica: str) -> None:
+    """Reap every ``interval_s`` seconds while this replica holds the reaper lease, until cancelled; Redis
+    errors are logged and retried next round."""
     lease = ReaperLease(redis, store.keys.reaper_lease(), replica, _LEASE_ROUNDS * interval_s)
     try:
-        while not stop.is_set():
+        while True:
             try:
                 if await lease.hold():
                     for engine, ids in (await reap_once(store, redis)).items():
                         log.warning("re-queued %d request(s) of engine %s (lease expired)", len(ids), engine)
             except (RedisError, OSError) as e:
                 log.warning("reaper round failed: %r", e)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval_s):
-                    await stop.wait()
+            await asyncio.sleep(interval_s)
     finally:
         with contextlib.suppress(RedisError, OSError, TimeoutError):
-            async with asyncio.timeout(1.0):
-                await lease.release()
+            await asyncio.wait_for(lease.release(), 1.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from collections import defaultdict
@@ -31,8 +32,6 @@ from services.dispatcher.tenancy import client_id
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Dispatcher"].full_name
-# How long a stopping dispatcher waits for its reaper's round in flight before cancelling it.
-_REAPER_STOP_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +250,6 @@ class DispatcherServer:
         self.server = grpc.aio.server(maximum_concurrent_rpcs=hard_stop, options=options)
         self.port = 0
         self._reaper: asyncio.Task[None] | None = None
-        self._reaper_stop = asyncio.Event()
 
     async def start(self) -> int:
         """Bind, start serving and reaping; returns the bound port."""
@@ -265,9 +263,7 @@ class DispatcherServer:
         self.port = tls.add_port(self.server, f"{s.host}:{s.port}", transport)
         await self.server.start()
         self._reaper = asyncio.create_task(
-            reap_forever(
-                self.dispatcher.store, self._redis, s.reaper_interval_s, s.replica_name(), self._reaper_stop
-            ),
+            reap_forever(self.dispatcher.store, self._redis, s.reaper_interval_s, s.replica_name()),
             name="reaper",
         )
         for name in ("", SERVICE_NAME):
@@ -284,12 +280,9 @@ class DispatcherServer:
         await self.server.stop(self.settings.grace_s)
         await self.dispatcher.close()
         if self._reaper is not None:
-            self._reaper_stop.set()
-            # A round in flight finishes first (one Redis round trip, or the outage retry at worst).
-            _, late = await asyncio.wait({self._reaper}, timeout=_REAPER_STOP_S)
-            for task in late:
-                log.warning("the reaper did not stop within %.0f s; cancelling it", _REAPER_STOP_S)
-                task.cancel()
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
 
 
 class FrontDoor(Protocol):
