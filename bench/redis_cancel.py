@@ -38,12 +38,14 @@ def _client(url: str, safe: bool) -> Redis:
     return Redis.from_pool(cancel_safe(pool) if safe else pool)
 
 
-async def _lost(url: str, safe: bool, tries: int, seed: int) -> int:
-    client, rng, lost = _client(url, safe), random.Random(seed), 0
+async def lost_cancellations(command: Callable[[], Awaitable[Any]], tries: int, seed: int) -> int:
+    """Of ``tries`` tasks looping on ``command``, each cancelled at a random point (the write included), how
+    many were still running half a second later (each is then cancelled until it stops)."""
+    rng, lost = random.Random(seed), 0
 
     async def loop() -> None:
         while True:
-            await client.get(_KEY)
+            await command()
 
     for _ in range(tries):
         task = asyncio.create_task(loop())
@@ -55,8 +57,15 @@ async def _lost(url: str, safe: bool, tries: int, seed: int) -> int:
             while not task.done():
                 task.cancel()
                 await asyncio.wait({task}, timeout=0.1)
-    await client.aclose()
     return lost
+
+
+async def _lost(url: str, safe: bool, tries: int, seed: int) -> int:
+    client = _client(url, safe)
+    try:
+        return await lost_cancellations(lambda: client.get(_KEY), tries, seed)
+    finally:
+        await client.aclose()
 
 
 async def _cpu_us(url: str, safe: bool, op: str, n: int) -> float:
