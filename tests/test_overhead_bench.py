@@ -10,6 +10,7 @@ from vllm_fixtures import tiny_model  # noqa: F401  (session fixture)
 
 from bench.overhead import fixed_length_view, run_benchmark
 from bench.overhead_config import OverheadConfig
+from bench.overhead_split import NOT_CHIMERA
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(240)]
 
@@ -27,7 +28,7 @@ def test_overhead_benchmark_end_to_end(tiny_model: Path, tmp_path: Path) -> None
     cfg = OverheadConfig(
         model=str(tiny_model),
         concurrency=2,
-        requests=4,
+        requests=12,
         max_tokens=8,
         repeats=1,
         out_dir=tmp_path / "results",
@@ -48,7 +49,13 @@ def test_overhead_benchmark_end_to_end(tiny_model: Path, tmp_path: Path) -> None
         (run,) = on_disk["repeats"][path]
         assert run["completion_tokens"] == cfg.requests * cfg.max_tokens, path
         assert run["cpu_s"]["vllm_server"] > 0, path
-    # Only the Chimera phase goes through the dispatcher, so only it costs the dispatcher CPU time.
-    chimera_cpu = on_disk["repeats"]["chimera"][0]["cpu_s"]
-    assert chimera_cpu["dispatcher"] > on_disk["repeats"]["direct"][0]["cpu_s"]["dispatcher"]
+
+    # Only the Chimera phase goes through Chimera's processes, so only it costs them CPU beyond their idle
+    # loops. Summed over the processes, as each one's figure moves in 10 ms ticks: the dispatcher alone spent
+    # one tick in both phases on a busy CI host.
+    def chimera_side(path: str) -> float:
+        cpu = on_disk["repeats"][path][0]["cpu_s"]
+        return sum(v for k, v in cpu.items() if k not in NOT_CHIMERA)
+
+    assert chimera_side("chimera") > chimera_side("direct")
     assert "throughput_ratio" in (tmp_path / "results" / "smoke.md").read_text()
