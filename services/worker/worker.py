@@ -31,7 +31,7 @@ from redis.exceptions import RedisError
 
 from services.common.queue import QueueStore
 from services.common.types import ClaimedRequest
-from services.worker import records, registration
+from services.worker import leases, records, registration
 from services.worker.engine.base import (
     Engine,
     EngineDeadError,
@@ -101,7 +101,7 @@ class Worker:
         await self._engine.start()
         try:
             await self._register()
-            await self._reap_once()
+            await leases.reap(self._q, self._m, o.engine_id)
             background = [
                 asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
                 asyncio.create_task(self._renew_loop(), name="renew"),
@@ -177,17 +177,7 @@ class Worker:
         if self._marking is not None:
             await self._marking
         await self._mark_dead()
-        held = {j.request_id: (j.request_id, j.attempt, j.started) for j in jobs}
-        try:
-            ids = await self._q.return_claims(self._o.engine_id, list(held.values()))
-        except RedisError as exc:
-            log.warning(
-                "could not hand back %d claims (%s); they return when their leases expire", len(held), exc
-            )
-            return
-        if held:
-            log.info("handed back %d claims: %d re-queued, the rest ended", len(held), len(ids))
-            self._m.requeued(len(ids))
+        await leases.hand_back(self._q, self._m, self._o.engine_id, jobs)
 
     def _room(self) -> int:
         not_started = sum(1 for j in self._held.values() if not j.started)
@@ -367,27 +357,8 @@ class Worker:
 
     async def _renew_loop(self) -> None:
         o = self._o
-        every = min(o.lease_s / 3.0, 1.0)
-        while not await self._closed_within(every):
-            held = {rid: j.claimed.attempt for rid, j in self._held.items()}
-            try:
-                res = await self._q.renew(o.engine_id, held, o.lease_s)
-            except RedisError as exc:
-                log.warning("lease renewal failed (%s); retrying", exc)
-                continue
-            for rid in res.lost:
-                job = self._held.get(rid)
-                if job is not None and not job.lost and not job.finishing:
-                    log.warning("request %s: lease lost (re-queued elsewhere); aborting", job.key)
-                    job.lost = True
-                    self._m.lease_lost()
-                    await self._abort(job)
-            for rid in res.cancelled:
-                job = self._held.get(rid)
-                if job is not None and not job.cancel:
-                    log.info("request %s: cancelled by the client; aborting", job.key)
-                    job.cancel = True
-                    await self._abort(job)
+        while not await self._closed_within(min(o.lease_s / 3.0, 1.0)):
+            await leases.renew(self._q, self._m, o.engine_id, self._held, o.lease_s, self._abort)
 
     async def _probe(self) -> None:
         """Ask the engine whether it is alive; a dead one kills the worker (``_die``)."""
@@ -422,19 +393,9 @@ class Worker:
             if await self._closed_within(o.heartbeat_s):
                 return
 
-    async def _reap_once(self) -> None:
-        try:
-            ids = await self._q.reap(self._o.engine_id)
-        except RedisError as exc:
-            log.warning("reap failed: %s", exc)
-            return
-        if ids:
-            log.info("re-queued %d requests whose lease expired: %s", len(ids), ids[:10])
-            self._m.requeued(len(ids))
-
     async def _reap_loop(self) -> None:
         while not await self._closed_within(self._o.lease_s / 2.0):
-            await self._reap_once()
+            await leases.reap(self._q, self._m, self._o.engine_id)
 
     async def _closed_within(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; True as soon as the worker is closing."""
