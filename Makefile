@@ -95,7 +95,7 @@ bench-load: proto  ## front-door load: stages/s, dispatch ms, CPU per 1k stages,
 bench-faults: proto  ## one fault per fresh stack under streaming workflows: lost / failed / duplicated, time to serve again (bench/results/faults.*, ~6 min)
 	$(PY) -m bench.faults --workflows $(or $(N),16)
 
-soak: proto  ## mixed workflows for M minutes (default 20), a random component killed every 30-60 s (faults.json "soak")
+soak: proto  ## mixed workflows for M minutes (default 20), a random fault of any kind every 30-60 s (faults.json "soak")
 	$(PY) -m bench.faults --soak --minutes $(or $(M),20)
 
 .PHONY: collect-real

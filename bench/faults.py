@@ -94,7 +94,8 @@ def run_kinds(kinds: list[str], cfg: RunConfig, state: Path) -> dict[str, dict[s
 
 
 def run_soak_once(soak: SoakConfig, cfg: RunConfig, state: Path) -> dict[str, Any]:
-    with fault_stack(state / "soak", cfg.stack) as (stack, env):
+    stack_cm = fault_stack(state / "soak", cfg.stack, arm_crash=soak.arms_crash, dispatchers=soak.dispatchers)
+    with stack_cm as (stack, env):
         ENVS[:] = [env]
         return asyncio.run(run_soak(stack, env, embedded_corpus().problems, cfg, soak))
 
@@ -130,23 +131,25 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     state = args.state_dir or Path(tempfile.mkdtemp(prefix="chimera-faults-"))
     started = time.monotonic()
+    lost = 0  # a run that lost work keeps its logs and Redis data, for whoever looks into it
     try:
         if args.soak:
-            # The soak's stack arms no engine's crash knob and runs one dispatcher: SoakConfig's kinds
-            # leave out what it cannot strike.
-            kinds = tuple(k for k in args.kinds if k in SOAK.kinds)
-            soak = SoakConfig(minutes=args.minutes, concurrency=args.concurrency, kinds=kinds)
+            soak = SoakConfig(minutes=args.minutes, concurrency=args.concurrency, kinds=tuple(args.kinds))
             result = run_soak_once(soak, cfg, state)
+            lost = result["counts"]["lost"]
             write(args.out, "soak", {**result, "meta": _meta(cfg, started)})
         else:
             rows = run_kinds(args.kinds, cfg, state)
+            lost = sum(row["counts"]["lost"] for row in rows.values())
             write(args.out, "kinds", {"meta": _meta(cfg, started), "kinds": rows})
     except KeyboardInterrupt:
         log.warning("stopped; every process this run started is stopped")
         return 130
     finally:
-        if args.state_dir is None:
+        if args.state_dir is None and not lost:
             shutil.rmtree(state, ignore_errors=True)
+    if lost:
+        log.warning("%d workflows lost: the logs and Redis data of the run are kept in %s", lost, state)
     log.info("results in %s (%.0f s)", args.out / "faults.md", time.monotonic() - started)
     return 0
 

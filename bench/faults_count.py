@@ -39,6 +39,8 @@ class StageRecord:
     engine: str = ""
     error_code: str | None = None  # a gRPC status name, HUNG or NO_FINAL
     error: str = ""
+    # A hung stage's request as Redis held it when the client gave up (faults_stack.request_state).
+    redis_state: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +173,14 @@ def count(
         if detail:
             codes[f"{kind}:{detail}"] += 1
         failures.extend(
-            {"program_id": w.program_id, "stage": s.stage, "code": s.error_code, "error": s.error}
+            {
+                "program_id": w.program_id,
+                "stage": s.stage,
+                "code": s.error_code,
+                "error": s.error,
+                "deltas": len(s.deltas),
+                **({"redis_state": dict(s.redis_state)} if s.redis_state else {}),
+            }
             for s in w.stages
             if s.error_code is not None and len(failures) < max_examples
         )

@@ -13,8 +13,9 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from bench.faults_count import HUNG, NO_FINAL, StageRecord, WorkflowRecord
 from services.sdk.client import AsyncClient
@@ -70,8 +71,18 @@ class Progress:
         self.workflows_done = 0
 
 
+# What Redis holds for a request id, read when a stage hangs (``faults_stack.request_state``).
+Inspect = Callable[[str], Awaitable[Mapping[str, Any]]]
+
+
 async def _stage(
-    client: AsyncClient, p: Plan, stage: int, history: Sequence[str], cfg: DriveConfig, timeout_s: float
+    client: AsyncClient,
+    p: Plan,
+    stage: int,
+    history: Sequence[str],
+    cfg: DriveConfig,
+    timeout_s: float,
+    inspect: Inspect | None = None,
 ) -> StageRecord:
     msgs = [(m.role, m.content) for m in stage_messages(p.workflow, stage, p.problem.text, history)]
     rid = f"{p.program_id}-s{stage}"
@@ -96,10 +107,14 @@ async def _stage(
 
     code: str | None = None
     error = ""
+    state: Mapping[str, Any] = {}
     try:
         await asyncio.wait_for(consume(), timeout_s)
     except TimeoutError:
         code, error = HUNG, f"no final event after {timeout_s:.0f} s"
+        if inspect is not None:  # now, before the request's retention or the drain clears it away
+            with contextlib.suppress(Exception):
+                state = await inspect(rid)
     except ChimeraError as exc:
         code, error = exc.code, exc.details
     except Exception as exc:  # anything else the client met is still a result to record
@@ -116,6 +131,7 @@ async def _stage(
         engine=final.engine if final is not None else "",
         error_code=code,
         error=error[:300],
+        redis_state=state,
     )
 
 
@@ -125,6 +141,7 @@ async def run_workflow(
     cfg: DriveConfig,
     progress: Progress | None = None,
     deadline: float | None = None,
+    inspect: Inspect | None = None,
 ) -> WorkflowRecord:
     """Run every stage; a stage still unanswered at ``deadline`` (monotonic) is hung, so a run always ends."""
     t0 = time.monotonic()
@@ -134,7 +151,7 @@ async def run_workflow(
     try:
         for i in range(p.workflow.n_stages):
             left = cfg.stage_timeout_s if deadline is None else deadline - time.monotonic()
-            s = await _stage(client, p, i, history, cfg, max(0.1, min(cfg.stage_timeout_s, left)))
+            s = await _stage(client, p, i, history, cfg, max(0.1, min(cfg.stage_timeout_s, left)), inspect)
             stages.append(s)
             if s.error_code is not None or s.final_text is None:
                 break

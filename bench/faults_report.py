@@ -14,9 +14,9 @@ redis-server, router, predictor, dispatcher, two workers of SIMULATED engines, a
 drives concurrent multi-stage streaming workflows through the gRPC door with the SDK, strikes once a
 quarter of the stages are answered, and counts what the clients saw. For `dispatcher_kill_replica` the stack
 runs two dispatchers on the one Redis (`LauncherSettings.dispatchers`), the SDK is given both addresses, and
-the one holding the reaper lease is killed. `make soak` runs one stack for
-minutes with a random fault every 30-60 s. Rerun a subset: `python -m bench.faults --kinds worker_kill
-redis_kill --workflows 16 --seed 1`.
+the one holding the reaper lease is killed. `make soak` runs one stack (two dispatchers, one engine's
+crash knob armed) for minutes with a random fault of any kind every 30-60 s. Rerun a subset:
+`python -m bench.faults --kinds worker_kill redis_kill --workflows 16 --seed 1`.
 
 Columns: **completed**; **failed (retryable)**: ended by UNAVAILABLE, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED
 or ABORTED (the codes are listed); **failed (other)**: any other status; **lost**: no answer and no error
@@ -106,7 +106,8 @@ def render(data: Mapping[str, Any]) -> str:
         m = soak["meta"]
         out += [
             f"## Soak\n\nCommit `{m['commit']}`, {m['date']}; {soak['minutes']:g} min, {soak['concurrency']} "
-            f"workflows in flight, {len(soak['faults'])} faults. `{m['command']}`\n",
+            f"workflows in flight, {soak.get('dispatchers', 1)} dispatcher(s), {len(soak['faults'])} faults "
+            f"({', '.join(soak['kinds'])}). `{m['command']}`\n",
             TABLE,
             _row("soak (all)", {**soak, "injection": {"injectable": True, "restarted_by": "-"}}),
             "",

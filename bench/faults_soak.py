@@ -1,4 +1,4 @@
-"""The soak: one stack, mixed workflows kept in flight for minutes, a random component killed every 30-60 s.
+"""The soak: one stack, mixed workflows kept in flight for minutes, a random fault every 30-60 s.
 
 The same counters as the one-fault runs, over every workflow started in the soak, plus each fault's time
 until new work is served again. New workflows stop at the end of the soak; those in flight get their budget
@@ -17,7 +17,7 @@ from typing import Any
 from bench.faults_count import count
 from bench.faults_drive import plan, time_to_serve, workflow_client
 from bench.faults_inject import DISPATCHERS, FAULTS, FaultEnv, Injection
-from bench.faults_stack import Load, RunConfig, drain, log_errors, traced
+from bench.faults_stack import RunConfig, doors, drain, log_errors, traced, watched_load
 from services.launcher.stack import Stack
 from services.workload.corpus import Problem
 
@@ -27,16 +27,24 @@ class SoakConfig:
     minutes: float = 20.0
     concurrency: int = 16  # workflows kept in flight
     every_s: tuple[float, float] = (30.0, 60.0)  # a fault every uniform(lo, hi) seconds
-    # Not an engine crash (the soak's stack arms no engine's crash knob), nor a kind that needs more
-    # than the one dispatcher.
-    kinds: tuple[str, ...] = tuple(k for k in FAULTS if k != "engine_crash" and k not in DISPATCHERS)
+    # Every kind: the soak's stack arms the crash knob of one engine (one shot per pull, so the restarted
+    # engine can be crashed again) and runs as many dispatchers as the most demanding kind needs.
+    kinds: tuple[str, ...] = tuple(FAULTS)
+
+    @property
+    def dispatchers(self) -> int:
+        return max((DISPATCHERS.get(k, 1) for k in self.kinds), default=1)
+
+    @property
+    def arms_crash(self) -> bool:
+        return "engine_crash" in self.kinds
 
 
 async def _fault(env: FaultEnv, stack: Stack, kind: str, cfg: RunConfig, t0: float) -> dict[str, Any]:
     env.fired_at = None
     fault = asyncio.create_task(asyncio.to_thread(FAULTS[kind], env))
     recovery = asyncio.create_task(
-        time_to_serve(stack.dispatcher_addr, cfg.drive, lambda: env.fired_at, cfg.recovery_limit_s)
+        time_to_serve(doors(stack), cfg.drive, lambda: env.fired_at, cfg.recovery_limit_s)
     )
     try:
         injection = await fault
@@ -59,7 +67,7 @@ async def run_soak(
     stack: Stack, env: FaultEnv, problems: Sequence[Problem], cfg: RunConfig, soak: SoakConfig
 ) -> dict[str, Any]:
     rng = random.Random(cfg.seed)
-    load = Load(stack.dispatcher_addr, cfg.drive)
+    load = watched_load(stack, env, cfg.drive)
     t0 = time.monotonic()
     end = t0 + soak.minutes * 60
     faults: list[dict[str, Any]] = []
@@ -72,7 +80,7 @@ async def run_soak(
             await asyncio.sleep(wait)
             faults.append(await _fault(env, stack, rng.choice(soak.kinds), cfg, t0))
 
-    async with workflow_client(stack.dispatcher_addr, cfg.drive) as client:
+    async with workflow_client(doors(stack), cfg.drive) as client:
         chaos_task = asyncio.create_task(chaos())
         running: set[asyncio.Task[None]] = set()
         started = 0
@@ -92,6 +100,7 @@ async def run_soak(
         "minutes": soak.minutes,
         "concurrency": soak.concurrency,
         "kinds": list(soak.kinds),
+        "dispatchers": len(stack.dispatcher_addrs),
         "faults": faults,
         "counts": counts.as_dict(),
         "residue": left,

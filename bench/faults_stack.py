@@ -24,6 +24,7 @@ import redis
 from bench.faults_count import WorkflowRecord, count
 from bench.faults_drive import (
     DriveConfig,
+    Inspect,
     Plan,
     Progress,
     run_workflow,
@@ -189,6 +190,39 @@ async def drain(stack: Stack, keys: Keys, limit_s: float) -> tuple[dict[str, int
         await asyncio.sleep(0.5)
 
 
+# A request hash's fields that say where it stands (not its prompt, request body or decision).
+_STATE_FIELDS = (
+    "state", "attempt", "worker", "deaths", "died_on", "cancel", "reattached", "score", "t_enq", "t_claim",
+    "t_done", "sent",
+)  # fmt: skip
+
+
+def request_state(stack: Stack, keys: Keys, request_id: str) -> dict[str, Any]:
+    """Where Redis has ``request_id`` on each engine: its hash's state fields, whether it sits in the queue
+    or the claims, its output stream's length and last events, and its program's row. For a hung stage:
+    which of them is missing says which hand-off lost it."""
+    r = connect_sync(stack.redis_url, socket_timeout=5.0)
+    try:
+        out: dict[str, Any] = {}
+        program = request_id.rpartition("-s")[0]
+        out["program"] = {k: v for k, v in r.hgetall(keys.program(program)).items() if k != "confidences"}
+        for e in stack.pool.engines:
+            fields = r.hmget(keys.request(e.id, request_id), _STATE_FIELDS)
+            tail = r.xrevrange(keys.output(e.id, request_id), count=3) or []
+            if not any(fields) and not tail:
+                continue
+            out[e.id] = {
+                **{k: v for k, v in zip(_STATE_FIELDS, fields, strict=True) if v is not None},
+                "queued": r.zscore(keys.queue(e.id), request_id),
+                "claimed": r.zscore(keys.claims(e.id), request_id),
+                "out_len": r.xlen(keys.output(e.id, request_id)),
+                "out_last": [str((f or {}).get("ev", ""))[:80] for _sid, f in tail],
+            }
+        return out
+    finally:
+        r.close()
+
+
 @dataclass
 class Load:
     """Workflows in flight and their records, shared by the one-fault runs and the soak."""
@@ -197,9 +231,17 @@ class Load:
     drive: DriveConfig
     progress: Progress = field(default_factory=Progress)
     records: list[WorkflowRecord] = field(default_factory=list)
+    inspect: Inspect | None = None  # read a hung stage's request from Redis (request_state)
 
     async def one(self, client: AsyncClient, p: Plan, deadline: float) -> None:
-        self.records.append(await run_workflow(client, p, self.drive, self.progress, deadline))
+        self.records.append(await run_workflow(client, p, self.drive, self.progress, deadline, self.inspect))
+
+
+def watched_load(stack: Stack, env: FaultEnv, drive: DriveConfig) -> Load:
+    """The load of a run on ``stack``: every door, and a hung stage's request read from Redis."""
+    return Load(
+        doors(stack), drive, inspect=lambda rid: asyncio.to_thread(request_state, stack, env.keys, rid)
+    )
 
 
 def doors(stack: Stack) -> str | tuple[str, ...]:
@@ -210,7 +252,7 @@ def doors(stack: Stack) -> str | tuple[str, ...]:
 async def run_one_fault(
     stack: Stack, env: FaultEnv, kind: str, plans: list[Plan], cfg: RunConfig
 ) -> dict[str, Any]:
-    load = Load(doors(stack), cfg.drive)
+    load = watched_load(stack, env, cfg.drive)
     total = sum(p.workflow.n_stages for p in plans)
     t0 = time.monotonic()
     deadline = t0 + cfg.workflow_budget_s

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
@@ -20,6 +22,11 @@ from bench.faults_count import (
     outcome,
 )
 from bench.faults_report import write
+from bench.faults_stack import request_state
+from services.common.keys import Keys
+from services.common.redis_client import connect_sync
+from services.common.redis_proc import PrivateRedis
+from services.launcher.stack import Stack
 
 
 def _ok(stage: int, text: str = "abc def", deltas: tuple[tuple[int, str], ...] | None = None) -> StageRecord:
@@ -130,3 +137,42 @@ def test_results_merge_by_kind_and_the_table_names_the_losses(tmp_path: Path) ->
     md = (tmp_path / "faults.md").read_text()
     assert "| worker_kill | yes | supervisor | 2 | 1 | 0 | 0 | 1 (hung 1) |" in md
     assert "small.claims=1" in md
+
+
+@pytest.mark.unit
+def test_a_hung_stage_carries_what_redis_held_for_it_into_the_failures() -> None:
+    held = {"small": {"state": "queued"}}
+    hung = StageRecord(0, ("p-s0",), ((1, "ab"),), error_code=HUNG, redis_state=held)
+    (failure,) = count([_wf(hung, n=2)]).failures
+    assert failure["code"] == HUNG and failure["deltas"] == 1
+    assert failure["redis_state"] == held
+
+
+@pytest.mark.redis
+def test_request_state_says_where_a_request_stands_on_each_engine(
+    private_redis: PrivateRedis, keys: Keys
+) -> None:
+    rid = "wf-1-s0"
+    stack = SimpleNamespace(
+        redis_url=private_redis.url,
+        pool=SimpleNamespace(engines=(SimpleNamespace(id="small"), SimpleNamespace(id="large"))),
+    )
+    r = connect_sync(private_redis.url)
+    try:
+        r.hset(keys.program("wf-1"), mapping={"engine": "small", "request_id": rid, "confidences": "{}"})
+        r.hset(
+            keys.request("small", rid), mapping={"state": "running", "attempt": 2, "payload": "a long prompt"}
+        )
+        r.zadd(keys.claims("small"), {rid: 123.0})
+        r.xadd(keys.output("small", rid), {"ev": json.dumps({"t": "delta", "a": 2, "text": "hi"})})
+        state = request_state(cast(Stack, stack), keys, rid)
+    finally:
+        for k in r.scan_iter(f"{keys.prefix}:*"):
+            r.delete(k)
+        r.close()
+    assert state["program"] == {"engine": "small", "request_id": rid}  # not the confidences
+    assert set(state) == {"program", "small"}  # nothing on "large"
+    small = state["small"]
+    assert small["state"] == "running" and small["attempt"] == "2" and "payload" not in small
+    assert small["claimed"] == 123.0 and small["queued"] is None
+    assert small["out_len"] == 1 and '"delta"' in small["out_last"][0]
