@@ -168,24 +168,31 @@ def _stack(
         yield stack, stack_groups(stack)
 
 
-def _phase(stack: Stack, **kw: Any) -> Phase:
+def phase_on(stack: Stack, **kw: Any) -> Phase:
+    """A load client's phase against ``stack``'s doors."""
     return Phase(grpc_addr=stack.dispatcher_addr, http_addr=stack.http_addr, **kw)
 
 
+@contextlib.contextmanager
+def throughput_stack(
+    state: Path, cfg: LoadConfig, mode: str
+) -> Iterator[tuple[Stack, dict[str, tuple[int, bool]]]]:
+    """The throughput phase's stack (engines that never queue, ``mode`` inference), warmed up."""
+    with _stack(state, _pool(FAST, 256, 1000.0), cfg, inference=mode) as (stack, groups):
+        run_phase(phase_on(stack, kind="closed", door="grpc", concurrency=16, duration_s=3.0), groups)
+        yield stack, groups
+
+
 def throughput(cfg: LoadConfig, state: Path) -> list[dict[str, Any]]:
-    out = []
+    out, dur = [], cfg.duration_s
     for mode in cfg.inference:
-        stack_cm = _stack(state / f"throughput-{mode}", _pool(FAST, 256, 1000.0), cfg, inference=mode)
-        with stack_cm as (stack, groups):
-            run_phase(
-                _phase(stack, kind="closed", door="grpc", concurrency=16, duration_s=3.0), groups
-            )  # warm-up
+        with throughput_stack(state / f"throughput-{mode}", cfg, mode) as (stack, groups):
             for door in cfg.doors:
                 for c in cfg.concurrencies:
-                    phase = _phase(stack, kind="closed", door=door, concurrency=c, duration_s=cfg.duration_s)
+                    phase = phase_on(stack, kind="closed", door=door, concurrency=c, duration_s=dur)
                     out.append({"inference": mode, **run_phase(phase, groups)})
                 for rate in cfg.rates:
-                    phase = _phase(stack, kind="open", door=door, rate=rate, duration_s=cfg.duration_s)
+                    phase = phase_on(stack, kind="open", door=door, rate=rate, duration_s=dur)
                     out.append({"inference": mode, **run_phase(phase, groups)})
     return out
 
@@ -196,7 +203,7 @@ def streams(cfg: LoadConfig, state: Path) -> list[dict[str, Any]]:
     for door in cfg.doors:
         stack_cm = _stack(state / f"streams-{door}", _pool(TRICKLE, seqs, 1.0), cfg, cfg.stream_bound_s)
         with stack_cm as (stack, groups):
-            phase = _phase(
+            phase = phase_on(
                 stack, kind="streams", door=door, streams=cfg.streams, ramp_s=cfg.stream_ramp_s,
                 max_tokens=cfg.stream_tokens,
             )  # fmt: skip
@@ -207,12 +214,12 @@ def streams(cfg: LoadConfig, state: Path) -> list[dict[str, Any]]:
 def overload(cfg: LoadConfig, state: Path) -> dict[str, Any]:
     with _stack(state / "overload", _pool(SMALL, 8, 1.0), cfg, cfg.overload_bound_s) as (stack, groups):
         cap = run_phase(
-            _phase(stack, kind="closed", door="grpc", concurrency=64, duration_s=cfg.duration_s), groups
+            phase_on(stack, kind="closed", door="grpc", concurrency=64, duration_s=cfg.duration_s), groups
         )
         rate = cap["stages_per_s"] * cfg.overload_factor
         runs = {
             door: run_phase(
-                _phase(
+                phase_on(
                     stack,
                     kind="open",
                     door=door,

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.load import FAST, LoadConfig, _phase, _pool, _stack, run_phase
+from bench.load import LoadConfig, phase_on, run_phase, throughput_stack
 from bench.overhead_procs import cpu_seconds
 from services.common.redis_client import connect_sync
 
@@ -35,8 +35,7 @@ def measure(points: Sequence[str], inference: str, duration_s: float, idle_s: fl
     cfg = LoadConfig(inference=(inference,))
     rows = []
     with tempfile.TemporaryDirectory(prefix="chimera-load-rates-") as tmp:
-        with _stack(Path(tmp), _pool(FAST, 256, 1000.0), cfg, inference=inference) as (stack, groups):
-            run_phase(_phase(stack, kind="closed", door="grpc", concurrency=16, duration_s=3.0), groups)
+        with throughput_stack(Path(tmp), cfg, inference) as (stack, groups):
             time.sleep(1.0)
             c0 = cpu_seconds(groups)
             time.sleep(idle_s)
@@ -49,7 +48,7 @@ def measure(points: Sequence[str], inference: str, duration_s: float, idle_s: fl
                     kind = {"c": "closed", "r": "open"}[pt[0]]
                     load = {"concurrency": int(n)} if kind == "closed" else {"rate": n}
                     before = _calls(r.info("commandstats"))
-                    phase = _phase(stack, kind=kind, door="grpc", duration_s=duration_s, **load)
+                    phase = phase_on(stack, kind=kind, door="grpc", duration_s=duration_s, **load)
                     res = run_phase(phase, groups)
                     after = _calls(r.info("commandstats"))
                     stages = max(1, res["ok"])
