@@ -71,8 +71,8 @@ class Progress:
         self.workflows_done = 0
 
 
-# What Redis holds for a request id, read when a stage hangs (``faults_stack.request_state``).
-Inspect = Callable[[str], Awaitable[Mapping[str, Any]]]
+# What Redis holds for (program id, request id), read when a stage hangs (``faults_stack.request_state``).
+Inspect = Callable[[str, str], Awaitable[Mapping[str, Any]]]
 
 
 async def _stage(
@@ -114,7 +114,7 @@ async def _stage(
         code, error = HUNG, f"no final event after {timeout_s:.0f} s"
         if inspect is not None:  # now, before the request's retention or the drain clears it away
             with contextlib.suppress(Exception):
-                state = await inspect(rid)
+                state = await inspect(p.program_id, rid)
     except ChimeraError as exc:
         code, error = exc.code, exc.details
     except Exception as exc:  # anything else the client met is still a result to record

@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -197,15 +198,14 @@ _STATE_FIELDS = (
 )  # fmt: skip
 
 
-def request_state(stack: Stack, keys: Keys, request_id: str) -> dict[str, Any]:
+def request_state(stack: Stack, keys: Keys, program_id: str, request_id: str) -> dict[str, Any]:
     """Where Redis has ``request_id`` on each engine: its hash's state fields, whether it sits in the queue
     or the claims, its output stream's length and last events, and its program's row. For a hung stage:
     which of them is missing says which hand-off lost it."""
     r = connect_sync(stack.redis_url, socket_timeout=5.0)
     try:
         out: dict[str, Any] = {}
-        program = request_id.rpartition("-s")[0]
-        out["program"] = {k: v for k, v in r.hgetall(keys.program(program)).items() if k != "confidences"}
+        out["program"] = {k: v for k, v in r.hgetall(keys.program(program_id)).items() if k != "confidences"}
         for e in stack.pool.engines:
             fields = r.hmget(keys.request(e.id, request_id), _STATE_FIELDS)
             tail = r.xrevrange(keys.output(e.id, request_id), count=3) or []
@@ -239,9 +239,7 @@ class Load:
 
 def watched_load(stack: Stack, env: FaultEnv, drive: DriveConfig) -> Load:
     """The load of a run on ``stack``: every door, and a hung stage's request read from Redis."""
-    return Load(
-        doors(stack), drive, inspect=lambda rid: asyncio.to_thread(request_state, stack, env.keys, rid)
-    )
+    return Load(doors(stack), drive, inspect=partial(asyncio.to_thread, request_state, stack, env.keys))
 
 
 def doors(stack: Stack) -> str | tuple[str, ...]:

@@ -165,7 +165,7 @@ def test_request_state_says_where_a_request_stands_on_each_engine(
         )
         r.zadd(keys.claims("small"), {rid: 123.0})
         r.xadd(keys.output("small", rid), {"ev": json.dumps({"t": "delta", "a": 2, "text": "hi"})})
-        state = request_state(cast(Stack, stack), keys, rid)
+        state = request_state(cast(Stack, stack), keys, "wf-1", rid)
     finally:
         for k in r.scan_iter(f"{keys.prefix}:*"):
             r.delete(k)
