@@ -400,5 +400,6 @@ class Worker:
     async def _closed_within(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; True as soon as the worker is closing."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._closing.wait(), seconds)
+            async with asyncio.timeout(seconds):  # as _wait_slot: no task per wait, as wait_for makes
+                await self._closing.wait()
         return self._closing.is_set()
