@@ -53,10 +53,13 @@ class ReaperLease:
         return held
 
     async def release(self) -> None:
-        """Hand the lease back (a replica stopping), so that another takes it at its next round."""
-        if self.held:
-            await self._release(keys=[self._key], args=[self.replica])
-            self.held = False
+        """Hand the lease back (a replica stopping), so that another takes it at its next round.
+
+        Whether or not ``held`` says so: a stop that cancels ``hold`` after Redis ran it but before its
+        reply was read leaves the lease taken and ``held`` False. The script deletes only this replica's
+        lease, so asking is always safe."""
+        await self._release(keys=[self._key], args=[self.replica])
+        self.held = False
 
 
 async def reap_forever(store: QueueStore, redis: Redis, interval_s: float, replica: str) -> None:
