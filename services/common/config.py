@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.common.loop import EventLoop
 from services.common.redis_cluster import CLUSTER_SCHEMES
 
 
@@ -42,6 +43,12 @@ class CommonSettings(BaseSettings):
         validation_alias=AliasChoices("CHIMERA_REDIS_OUTAGE_S", "redis_outage_s"),
         description="how long a Redis command keeps retrying through a lost connection (a restart) before "
         "it fails",
+    )
+    event_loop: EventLoop = Field(
+        default="uvloop",
+        validation_alias=AliasChoices("CHIMERA_EVENT_LOOP", "event_loop"),
+        description="uvloop (the C event loop, cheaper per wakeup) or asyncio (the standard one, for "
+        "debugging)",
     )
     log_level: str = Field(
         default="INFO",

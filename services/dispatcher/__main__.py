@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+from services.common import loop as event_loop
 from services.common import tls
 from services.common.keys import Keys
 from services.common.logs import setup_logging
@@ -65,7 +65,7 @@ def main() -> None:
     settings = DispatcherSettings()
     setup_logging("dispatcher", settings.log_level)
     with metrics_endpoint(settings) as metrics:
-        asyncio.run(_main(settings, metrics))
+        event_loop.run(_main(settings, metrics), settings.event_loop)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from prometheus_client import CollectorRegistry
 
+from services.common import loop as event_loop
 from services.common.logs import setup_logging
 from services.common.metrics import ModelServiceMetrics
 from services.predictor.config import PredictorSettings
@@ -15,7 +14,7 @@ from services.predictor.server import run
 def main() -> None:
     settings = PredictorSettings()
     setup_logging("predictor", settings.log_level)
-    asyncio.run(run(settings, ModelServiceMetrics(CollectorRegistry(), "predictor")))
+    event_loop.run(run(settings, ModelServiceMetrics(CollectorRegistry(), "predictor")), settings.event_loop)
 
 
 if __name__ == "__main__":

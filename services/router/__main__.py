@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from prometheus_client import CollectorRegistry
 
+from services.common import loop as event_loop
 from services.common.logs import setup_logging
 from services.common.metrics import ModelServiceMetrics
 from services.router.config import RouterSettings
@@ -15,7 +14,7 @@ from services.router.server import run
 def main() -> None:
     settings = RouterSettings()
     setup_logging("router", settings.log_level)
-    asyncio.run(run(settings, ModelServiceMetrics(CollectorRegistry(), "router")))
+    event_loop.run(run(settings, ModelServiceMetrics(CollectorRegistry(), "router")), settings.event_loop)
 
 
 if __name__ == "__main__":

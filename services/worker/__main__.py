@@ -9,6 +9,7 @@ import sys
 
 from prometheus_client import CollectorRegistry
 
+from services.common import loop as event_loop
 from services.common.keys import Keys
 from services.common.logs import setup_logging
 from services.common.metrics import start_exporter
@@ -43,7 +44,9 @@ if __name__ == "__main__":
     setup_logging("worker", settings.log_level)
     registry = CollectorRegistry()
     exporter = start_exporter(registry, settings.metrics_host, settings.metrics_port)
-    code = asyncio.run(main(settings, WorkerMetrics(registry, settings.engine_id, settings.model)))
+    code = event_loop.run(
+        main(settings, WorkerMetrics(registry, settings.engine_id, settings.model)), settings.event_loop
+    )
     if exporter is not None:
         exporter.stop()
     sys.exit(code)
