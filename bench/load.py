@@ -97,7 +97,9 @@ def _engine(eid: str, model: str, profile: EngineProfile, seqs: int, time_scale:
     )
 
 
-def _pool(profile: EngineProfile, seqs: int, time_scale: float) -> PoolSpec:
+def sim_pool(profile: EngineProfile, seqs: int, time_scale: float) -> PoolSpec:
+    """Two simulated engines (a measuring instrument): ``sim-small`` on ``profile``, ``sim-big`` decoding at
+    half its speed."""
     return PoolSpec(
         engines=(
             _engine("fast", "sim-small", profile, seqs, time_scale),
@@ -178,7 +180,7 @@ def throughput_stack(
     state: Path, cfg: LoadConfig, mode: str
 ) -> Iterator[tuple[Stack, dict[str, tuple[int, bool]]]]:
     """The throughput phase's stack (engines that never queue, ``mode`` inference), warmed up."""
-    with _stack(state, _pool(FAST, 256, 1000.0), cfg, inference=mode) as (stack, groups):
+    with _stack(state, sim_pool(FAST, 256, 1000.0), cfg, inference=mode) as (stack, groups):
         run_phase(phase_on(stack, kind="closed", door="grpc", concurrency=16, duration_s=3.0), groups)
         yield stack, groups
 
@@ -201,7 +203,7 @@ def streams(cfg: LoadConfig, state: Path) -> list[dict[str, Any]]:
     out = []
     seqs = min(4096, cfg.streams)  # the most a worker takes; two engines hold 8192
     for door in cfg.doors:
-        stack_cm = _stack(state / f"streams-{door}", _pool(TRICKLE, seqs, 1.0), cfg, cfg.stream_bound_s)
+        stack_cm = _stack(state / f"streams-{door}", sim_pool(TRICKLE, seqs, 1.0), cfg, cfg.stream_bound_s)
         with stack_cm as (stack, groups):
             phase = phase_on(
                 stack, kind="streams", door=door, streams=cfg.streams, ramp_s=cfg.stream_ramp_s,
@@ -212,7 +214,7 @@ def streams(cfg: LoadConfig, state: Path) -> list[dict[str, Any]]:
 
 
 def overload(cfg: LoadConfig, state: Path) -> dict[str, Any]:
-    with _stack(state / "overload", _pool(SMALL, 8, 1.0), cfg, cfg.overload_bound_s) as (stack, groups):
+    with _stack(state / "overload", sim_pool(SMALL, 8, 1.0), cfg, cfg.overload_bound_s) as (stack, groups):
         cap = run_phase(
             phase_on(stack, kind="closed", door="grpc", concurrency=64, duration_s=cfg.duration_s), groups
         )

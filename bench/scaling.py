@@ -29,7 +29,7 @@ from typing import Any
 
 import redis
 
-from bench.load import FAST, _pool
+from bench.load import FAST, sim_pool
 from bench.overhead_procs import cpu_seconds, stack_groups
 from services.common.redis_client import connect_sync
 from services.launcher.config import LauncherSettings
@@ -114,7 +114,7 @@ def _shard_ops(socket: str, n: int) -> dict[str, float]:
 def run(cfg: ScalingConfig) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="chimera-scaling-") as tmp:
         settings = LauncherSettings.ephemeral(Path(tmp))
-        with running_stack(settings, _pool(FAST, 256, 1000.0)) as stack:
+        with running_stack(settings, sim_pool(FAST, 256, 1000.0)) as stack:
             r = connect_sync(stack.redis_url)
             asyncio.run(_drive(stack.dispatcher_addr, ScalingConfig(workflows=8)))  # warm every path
             groups = stack_groups(stack)
