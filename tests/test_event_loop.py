@@ -64,3 +64,33 @@ def test_every_cancelled_redis_command_ends_its_task_on_uvloop(
     module, lost_get, lost_pipe = event_loop.run(probe(), "uvloop")
     assert module.startswith("uvloop")
     assert (lost_get, lost_pipe) == (0, 0)
+
+
+@pytest.mark.unit
+def test_the_loop_benchmark_reports_each_pairs_ratio() -> None:
+    from bench.event_loop_ab import markdown, summarise
+
+    def run(*ms: float) -> dict[str, object]:
+        return {
+            "rows": [
+                {"point": p, "cpu_ms_per_stage_total": v} for p, v in zip(("c1", "r50"), ms, strict=True)
+            ]
+        }
+
+    pairs = [
+        {"asyncio": run(4.0, 5.0), "uvloop": run(3.0, 5.0)},
+        {"asyncio": run(8.0, 4.0), "uvloop": run(4.0, 5.0)},
+    ]
+    points = summarise(pairs)  # type: ignore[arg-type]
+    assert points["c1"]["ratios"] == [0.75, 0.5] and points["c1"]["median"] == 0.625
+    assert points["r50"] == {
+        "asyncio_ms": [5.0, 4.0],
+        "uvloop_ms": [5.0, 5.0],
+        "ratios": [1.0, 1.25],
+        "median": 1.125,
+        "min": 1.0,
+        "max": 1.25,
+    }
+    assert "| c1 | 4.00 / 8.00 | 3.00 / 4.00 | 0.62 | 0.50-0.75 |" in markdown(
+        {"command": "x", "duration_s": 10.0, "points": points}
+    )
