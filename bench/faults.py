@@ -118,6 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--soak", action="store_true", help="the soak instead of one fault per stack")
     ap.add_argument("--minutes", type=float, default=SOAK.minutes, help="soak length")
     ap.add_argument("--concurrency", type=int, default=SOAK.concurrency, help="soak: workflows in flight")
+    ap.add_argument(
+        "--every",
+        type=float,
+        nargs=2,
+        default=list(SOAK.every_s),
+        metavar=("LO", "HI"),
+        help="soak: a fault every uniform(LO, HI) seconds",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--state-dir", type=Path, default=None, help="keep logs and Redis dirs here")
     args = ap.parse_args(argv)
@@ -134,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     lost = 0  # a run that lost work keeps its logs and Redis data, for whoever looks into it
     try:
         if args.soak:
-            soak = SoakConfig(minutes=args.minutes, concurrency=args.concurrency, kinds=tuple(args.kinds))
+            lo, hi = args.every
+            soak = SoakConfig(args.minutes, args.concurrency, (lo, hi), tuple(args.kinds))
             result = run_soak_once(soak, cfg, state)
             lost = result["counts"]["lost"]
             write(args.out, "soak", {**result, "meta": _meta(cfg, started)})

@@ -99,6 +99,7 @@ async def run_soak(
     return {
         "minutes": soak.minutes,
         "concurrency": soak.concurrency,
+        "every_s": list(soak.every_s),
         "kinds": list(soak.kinds),
         "dispatchers": len(stack.dispatcher_addrs),
         "faults": faults,
