@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bench.redis_cancel import lost_cancellations
+from services.common import loop as event_loop
 from services.common.keys import Keys
 from services.common.redis_client import connect, connect_reader, connect_tool
 from services.common.redis_conn import (
@@ -33,8 +34,22 @@ async def test_every_cancellation_of_a_command_in_flight_ends_its_task(
     private_redis: PrivateRedis, keys: Keys, factory: str
 ) -> None:
     make = {"connect": lambda u: connect(u, 8), "reader": connect_reader, "tool": connect_tool}
-    client: Redis = make[factory](private_redis.url)
-    key = keys.program("cancel-probe")
+    assert await _lost(make[factory](private_redis.url), keys.program("cancel-probe")) == (0, 0)
+
+
+@pytest.mark.redis
+def test_every_cancelled_command_ends_its_task_on_uvloop(private_redis: PrivateRedis, keys: Keys) -> None:
+    """The services run on uvloop (``services.common.loop``): the same holds there."""
+
+    async def on_uvloop() -> tuple[int, int]:
+        assert type(asyncio.get_running_loop()).__module__.startswith("uvloop")
+        return await _lost(connect(private_redis.url, 8), keys.program("uvloop-cancel-probe"))
+
+    assert event_loop.run(on_uvloop(), "uvloop") == (0, 0)
+
+
+async def _lost(client: Redis, key: str) -> tuple[int, int]:
+    """Cancellations that did not end their task: of commands, then of pipelines; closes ``client``."""
 
     async def pipeline() -> None:
         async with client.pipeline(transaction=False) as p:
@@ -43,9 +58,12 @@ async def test_every_cancellation_of_a_command_in_flight_ends_its_task(
             await p.execute()
 
     try:
-        assert await lost_cancellations(lambda: client.get(key), _TRIES, 7) == 0
-        assert await lost_cancellations(pipeline, _TRIES, 7) == 0
+        lost = (
+            await lost_cancellations(lambda: client.get(key), _TRIES, 7),
+            await lost_cancellations(pipeline, _TRIES, 7),
+        )
         assert await client.ping()  # the connections a cancellation cut short were replaced
+        return lost
     finally:
         await client.delete(key)
         await client.aclose()
