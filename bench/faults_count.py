@@ -41,6 +41,10 @@ class StageRecord:
     error: str = ""
     # A hung stage's request as Redis held it when the client gave up (faults_stack.request_state).
     redis_state: Mapping[str, Any] = field(default_factory=dict)
+    # From the first try to the outcome, and when (unix s) it came: whether the SDK's retry budget was
+    # spent, and which fault of the run's record and which log lines it meets.
+    seconds: float = 0.0
+    ended_unix: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +183,8 @@ def count(
                 "code": s.error_code,
                 "error": s.error,
                 "deltas": len(s.deltas),
+                "seconds": s.seconds,
+                "ended_unix": s.ended_unix,
                 **({"redis_state": dict(s.redis_state)} if s.redis_state else {}),
             }
             for s in w.stages

@@ -108,6 +108,7 @@ async def _stage(
     code: str | None = None
     error = ""
     state: Mapping[str, Any] = {}
+    started = time.monotonic()
     try:
         await asyncio.wait_for(consume(), timeout_s)
     except TimeoutError:
@@ -132,6 +133,8 @@ async def _stage(
         error_code=code,
         error=error[:300],
         redis_state=state,
+        seconds=round(time.monotonic() - started, 2),
+        ended_unix=round(time.time(), 2),
     )
 
 

@@ -142,9 +142,11 @@ def test_results_merge_by_kind_and_the_table_names_the_losses(tmp_path: Path) ->
 @pytest.mark.unit
 def test_a_hung_stage_carries_what_redis_held_for_it_into_the_failures() -> None:
     held = {"small": {"state": "queued"}}
-    hung = StageRecord(0, ("p-s0",), ((1, "ab"),), error_code=HUNG, redis_state=held)
+    timing = {"seconds": 90.1, "ended_unix": 5.0}
+    hung = StageRecord(0, ("p-s0",), ((1, "ab"),), error_code=HUNG, redis_state=held, **timing)
     (failure,) = count([_wf(hung, n=2)]).failures
     assert failure["code"] == HUNG and failure["deltas"] == 1
+    assert (failure["seconds"], failure["ended_unix"]) == (90.1, 5.0)
     assert failure["redis_state"] == held
 
 
