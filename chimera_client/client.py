@@ -156,10 +156,12 @@ class AsyncClient:
         replay = Replay()
         # NOTE(sdk-retry): yielding inside an attempt is safe: a caller that stops reading raises
         # GeneratorExit (or CancelledError) here, which no policy retries, so it is re-raised at once.
-        async for attempt in self._retry.retrying():
+        tries = self._retry.retrying()
+        async for attempt in tries:
             with attempt:
                 replay.new_try()
                 async for ev in self._one_try(req, timeout_s):
+                    tries.progressed()  # NOTE(budget) in retry.py
                     if isinstance(ev, TextDelta):
                         if text := replay.fresh(ev.text, ev.attempt):
                             yield TextDelta(text, ev.attempt)
@@ -294,10 +296,12 @@ class Client:
             timeout_s=timeout_s,
         )
         replay = Replay()
-        for attempt in self._retry.retrying_sync():
+        tries = self._retry.retrying_sync()
+        for attempt in tries:
             with attempt:
                 replay.new_try()
                 for ev in self._one_try(req, timeout_s):
+                    tries.progressed()
                     if isinstance(ev, TextDelta):
                         if text := replay.fresh(ev.text, ev.attempt):
                             yield TextDelta(text, ev.attempt)

@@ -7,6 +7,11 @@ a broken connection) is retried with the same ``request_id``: the dispatcher re-
 request it already runs, so nothing is generated twice. A request that is too large or malformed fails
 the same way every time and is never retried. The waits never exceed the policy's budget, so a pool that
 stays down still ends the call.
+
+NOTE(budget): the budget runs from a call's first failure, not from its start, and starts again once a try
+delivers something. A stage's stream may rightly run for minutes (queued behind others, then generating);
+counted from the start, a stream broken after as long as the budget got no retry at all, and its workflow
+failed on a dispatcher restart that a retry would have ridden out.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from chimera_client.errors import ChimeraError, OverloadedError, UnavailableErro
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    budget_s: float = 120.0  # total time spent trying, at most (the last wait is cut to what is left)
+    # Time spent retrying, at most, from the first failure since the call last made progress (the last
+    # wait is cut to what is left): NOTE(budget).
+    budget_s: float = 120.0
     default_wait_s: float = 1.0  # when the server said nothing about when to come back
     max_wait_s: float = 30.0  # one wait, at most (a far-off Retry-After is re-asked sooner)
     # The n-th refusal in a row waits backoff**(n-1) times the base: a Retry-After is the server's estimate
@@ -66,10 +73,10 @@ class Tries:
 
     def __init__(self, policy: RetryPolicy) -> None:
         self._policy = policy
-        self._started = time.monotonic()
+        self._failing_since: float | None = None  # the first failure since the last progress
         self._tried = False
         self._wait_s: float | None = None  # set by a failed try that is to be retried
-        self._failures = 0  # retryable failures so far (every try before a success failed)
+        self._failures = 0  # retryable failures since the last progress (the backoff's exponent)
 
     def _next_wait(self) -> float | None:
         """Seconds to sleep before the next try; None when there is no next try."""
@@ -105,12 +112,19 @@ class Tries:
         """Whether a try that raised ``exc`` is tried again (then its wait is recorded)."""
         if not self._policy.retryable(exc):
             return False
-        left = self._policy.budget_s - (time.monotonic() - self._started)
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        left = self._policy.budget_s - (now - self._failing_since)
         if left <= 0:
             return False
         self._failures += 1
         self._wait_s = min(self._policy.wait_s(exc, self._failures), left)
         return True
+
+    def progressed(self) -> None:
+        """The current try delivered something: a failure after it starts a fresh budget and backoff."""
+        self._failing_since, self._failures = None, 0
 
 
 class Attempt:

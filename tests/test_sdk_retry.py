@@ -8,7 +8,7 @@ import time
 import pytest
 
 from services.common.redis_client import outage_retry
-from services.sdk.errors import InvalidRequestError, OverloadedError
+from services.sdk.errors import InvalidRequestError, OverloadedError, UnavailableError
 from services.sdk.retry import NO_RETRY, RetryPolicy
 
 
@@ -82,3 +82,40 @@ def test_waits_are_spread_so_refused_clients_do_not_return_together() -> None:
     assert all(2.0 <= w <= 3.0 for w in waits)  # never before the Retry-After, at most half of it later
     assert max(waits) - min(waits) > 0.5
     assert RetryPolicy(jitter=0.0).wait_s(busy) == 2.0
+
+
+def test_a_stream_that_breaks_after_running_longer_than_the_budget_is_still_retried() -> None:
+    """NOTE(budget): a stage may rightly run for minutes; its break gets the whole budget to re-attach."""
+    policy = RetryPolicy(budget_s=0.2, default_wait_s=0.01)
+
+    async def go() -> int:
+        calls = 0
+        async for attempt in policy.retrying():
+            with attempt:
+                calls += 1
+                if calls == 1:
+                    await asyncio.sleep(0.3)  # streamed (or waited in the queue) past the budget
+                    raise UnavailableError("UNAVAILABLE", "Stream removed")
+        return calls
+
+    assert asyncio.run(go()) == 2
+
+
+def test_a_try_that_delivered_something_starts_the_budget_again() -> None:
+    policy = RetryPolicy(budget_s=0.25, default_wait_s=0.1, backoff=1.0, jitter=0.0)
+
+    async def go(progress: bool) -> int:
+        calls = 0
+        tries = policy.retrying()
+        async for attempt in tries:
+            with attempt:
+                calls += 1
+                if progress:
+                    tries.progressed()  # as a stream does for each event
+                if calls < 6:
+                    raise UnavailableError("UNAVAILABLE", "Stream removed")
+        return calls
+
+    assert asyncio.run(go(progress=True)) == 6  # 0.5 s of waits, each after a try that made progress
+    with pytest.raises(UnavailableError):
+        asyncio.run(go(progress=False))  # the same failures with nothing delivered: the budget ends them
