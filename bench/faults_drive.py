@@ -32,7 +32,8 @@ class DriveConfig:
     # A stage with no final event by then is hung: lost, not failed (no error ever told the client).
     stage_timeout_s: float = 90.0
     # The SDK's RetryPolicy budget (it retries a busy pool and a broken stream, re-attaching): what an
-    # SDK user gets, with a budget inside the stage timeout so that its verdict is seen.
+    # SDK user gets. It runs from a stage's first failure (NOTE(budget) in chimera_client/retry.py), so a
+    # stage that breaks late and then keeps failing can outlast stage_timeout_s and count as hung.
     retry_budget_s: float = 60.0
     end_timeout_s: float = 10.0
     probe_tokens: int = 4
