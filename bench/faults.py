@@ -143,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.soak:
             lo, hi = args.every
-            soak = SoakConfig(args.minutes, args.concurrency, (lo, hi), tuple(args.kinds))
+            soak = SoakConfig(
+                minutes=args.minutes, concurrency=args.concurrency, every_s=(lo, hi), kinds=tuple(args.kinds)
+            )
             result = run_soak_once(soak, cfg, state)
             lost = result["counts"]["lost"]
             write(args.out, "soak", {**result, "meta": _meta(cfg, started)})

@@ -114,13 +114,14 @@ async def _stage(
         await asyncio.wait_for(consume(), timeout_s)
     except TimeoutError:
         code, error = HUNG, f"no final event after {timeout_s:.0f} s"
-        if inspect is not None:  # now, before the request's retention or the drain clears it away
-            with contextlib.suppress(Exception):
-                state = await inspect(p.program_id, rid)
     except ChimeraError as exc:
         code, error = exc.code, exc.details
     except Exception as exc:  # anything else the client met is still a result to record
         code, error = type(exc).__name__, str(exc)
+    seconds, ended_unix = round(time.monotonic() - started, 2), round(time.time(), 2)
+    if code == HUNG and inspect is not None:  # now, before the request's retention or the drain clears it
+        with contextlib.suppress(Exception):
+            state = await inspect(p.program_id, rid)
     if code is None and final is None:
         code, error = NO_FINAL, "the stream ended without a final event"
     return StageRecord(
@@ -134,8 +135,8 @@ async def _stage(
         error_code=code,
         error=error[:300],
         redis_state=state,
-        seconds=round(time.monotonic() - started, 2),
-        ended_unix=round(time.time(), 2),
+        seconds=seconds,
+        ended_unix=ended_unix,
     )
 
 

@@ -3,11 +3,14 @@ stack), and one smoke of the harness on real processes (e2e)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
@@ -21,12 +24,15 @@ from bench.faults_count import (
     naive_text,
     outcome,
 )
+from bench.faults_drive import DriveConfig, _stage, plan
 from bench.faults_report import write
 from bench.faults_stack import request_state
 from services.common.keys import Keys
 from services.common.redis_client import connect_sync
 from services.common.redis_proc import PrivateRedis
 from services.launcher.stack import Stack
+from services.sdk.client import AsyncClient
+from services.workload.corpus import embedded_corpus
 
 
 def _ok(stage: int, text: str = "abc def", deltas: tuple[tuple[int, str], ...] | None = None) -> StageRecord:
@@ -142,8 +148,9 @@ def test_results_merge_by_kind_and_the_table_names_the_losses(tmp_path: Path) ->
 @pytest.mark.unit
 def test_a_hung_stage_carries_what_redis_held_for_it_into_the_failures() -> None:
     held = {"small": {"state": "queued"}}
-    timing = {"seconds": 90.1, "ended_unix": 5.0}
-    hung = StageRecord(0, ("p-s0",), ((1, "ab"),), error_code=HUNG, redis_state=held, **timing)
+    hung = StageRecord(
+        0, ("p-s0",), ((1, "ab"),), error_code=HUNG, redis_state=held, seconds=90.1, ended_unix=5.0
+    )
     (failure,) = count([_wf(hung, n=2)]).failures
     assert failure["code"] == HUNG and failure["deltas"] == 1
     assert (failure["seconds"], failure["ended_unix"]) == (90.1, 5.0)
@@ -178,3 +185,25 @@ def test_request_state_says_where_a_request_stands_on_each_engine(
     assert small["state"] == "running" and small["attempt"] == "2" and "payload" not in small
     assert small["claimed"] == 123.0 and small["queued"] is None
     assert small["out_len"] == 1 and '"delta"' in small["out_last"][0]
+
+
+@pytest.mark.unit
+def test_a_hung_stage_is_timed_to_its_timeout_and_then_inspected() -> None:
+    class Silent:  # a fake client whose stream never says anything
+        async def stream(self, *_a: object, **_kw: object) -> AsyncIterator[object]:
+            await asyncio.Event().wait()
+            yield None
+
+    seen: list[tuple[str, str]] = []
+
+    async def inspect(program_id: str, rid: str) -> Mapping[str, Any]:
+        seen.append((program_id, rid))
+        await asyncio.sleep(0.5)  # a slow read must not count as time the stage ran
+        return {"small": {"state": "queued"}}
+
+    (p,) = plan(embedded_corpus().problems, 1, random.Random(1))
+    client = cast(AsyncClient, Silent())
+    rec = asyncio.run(_stage(client, p, 0, [], DriveConfig(), 0.2, inspect))
+    assert rec.error_code == HUNG and rec.redis_state == {"small": {"state": "queued"}}
+    assert seen == [(p.program_id, f"{p.program_id}-s0")]
+    assert 0.2 <= rec.seconds < 0.5
