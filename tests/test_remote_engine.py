@@ -121,21 +121,34 @@ async def test_stream_with_server_usage_counts(engine: RemoteEngine) -> None:
 
 async def test_stream_tokens_asks_the_server_for_fewer_chunks_with_the_same_text(server: str) -> None:
     """vLLM's stream_interval on a real server: the same greedy text in about a quarter of the outputs."""
-    outs: dict[int, list[EngineOutput]] = {}
-    for n in (1, 4):
+
+    async def run(n: int, attempt: int) -> list[EngineOutput]:
         eng = RemoteEngine(RemoteEngineConfig(base_url=server, max_num_seqs=MAX_SEQS, stream_tokens=n))
         await eng.start()
         try:
-            outs[n] = [o async for o in eng.generate(_req("st", 16, temperature=0.0), f"st{n}#1", 0)]
+            return [o async for o in eng.generate(_req("st", 16, temperature=0.0), f"st{n}-{attempt}#1", 0)]
         finally:
             await eng.stop()
-    text = {n: "".join(o.text_delta for o in v) for n, v in outs.items()}
-    assert text[1] == text[4] and text[1]
-    tokens = outs[4][-1].completion_tokens
-    assert outs[1][-1].completion_tokens == tokens
-    chunks = {n: sum(1 for o in v if o.text_delta) for n, v in outs.items()}
-    # The first token alone, then one chunk per 4 tokens at most (the last may carry fewer).
-    assert chunks[4] <= 2 + tokens // 4 < chunks[1], (chunks, tokens)
+
+    def chunks(outs: list[EngineOutput]) -> int:
+        return sum(1 for o in outs if o.text_delta)
+
+    four = await run(4, 0)
+    tokens = four[-1].completion_tokens
+    bound = 2 + tokens // 4  # the first token alone, then one chunk per 4 tokens (the last may carry fewer)
+    assert chunks(four) <= bound, (chunks(four), tokens)
+    # A server whose front end lags its engine merges pending outputs into one, so on a loaded machine
+    # stream_tokens=1 can also arrive in few chunks. Merging only ever removes chunks: the most seen in a
+    # few tries is the unmerged count, which must be above stream_tokens=4's bound.
+    seen: list[int] = []
+    for attempt in range(4):
+        one = await run(1, attempt)
+        assert "".join(o.text_delta for o in one) == "".join(o.text_delta for o in four) != ""
+        assert one[-1].completion_tokens == tokens
+        seen.append(chunks(one))
+        if seen[-1] > bound:
+            break
+    assert max(seen) > bound, (seen, chunks(four), tokens)
 
 
 async def test_concurrent_streams(engine: RemoteEngine) -> None:
