@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.markdown import table
+
 RESULTS = Path(__file__).with_name("results")
 LOOPS = ("asyncio", "uvloop")
 
@@ -60,16 +62,23 @@ def markdown(res: dict[str, Any]) -> str:
         f"{res['duration_s']:g} s per point, the client in its own process and not counted. CPU-ms per stage "
         f"over all of Chimera's processes. Command: `{res['command']}`",
         "",
-        "| point | asyncio CPU-ms per stage | uvloop | uvloop / asyncio, median | spread |",
-        "|---|---|---|---|---|",
+        *table(
+            ["point", "asyncio CPU-ms per stage", "uvloop", "uvloop / asyncio, median", "spread"],
+            (
+                [
+                    pt,
+                    " / ".join(f"{v:.2f}" for v in r["asyncio_ms"]),
+                    " / ".join(f"{v:.2f}" for v in r["uvloop_ms"]),
+                    f"{r['median']:.2f}",
+                    f"{r['min']:.2f}-{r['max']:.2f}",
+                ]
+                for pt, r in res["points"].items()
+            ),
+        ),
+        "",
+        "`cN`: N in flight, closed loop; `rN`: Poisson arrivals at N per second.",
+        "",
     ]
-    for pt, r in res["points"].items():
-        lines.append(
-            f"| {pt} | {' / '.join(f'{v:.2f}' for v in r['asyncio_ms'])} | "
-            f"{' / '.join(f'{v:.2f}' for v in r['uvloop_ms'])} | {r['median']:.2f} | "
-            f"{r['min']:.2f}-{r['max']:.2f} |"
-        )
-    lines += ["", "`cN`: N in flight, closed loop; `rN`: Poisson arrivals at N per second.", ""]
     return "\n".join(lines)
 
 

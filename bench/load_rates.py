@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.load import LoadConfig, phase_on, run_phase, throughput_stack
+from bench.markdown import table
 from bench.overhead_procs import cpu_seconds
 from services.common.redis_client import connect_sync
 
@@ -80,20 +81,32 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Idle CPU-ms per second, the stack with no traffic: {idle} (total {sum(idle.values()):.1f}).",
         "",
-        "| point | stages/s | errors | CPU-ms per stage | of which idle | Redis commands per stage | "
-        "dispatcher | workers | redis |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
+    rows = []
     for row in result["rows"]:
         cpu = row["cpu_ms_per_stage"]
         workers = sum(v for k, v in cpu.items() if k.startswith("worker"))
-        lines.append(
-            f"| {row['point']} | {row['stages_per_s']:.0f} | {row['errors']} | "
-            f"{row['cpu_ms_per_stage_total']:.2f} | {row['idle_share_ms_per_stage']:.2f} | "
-            f"{row['redis_commands_per_stage']:.1f} | {cpu.get('dispatcher', 0.0):.2f} | {workers:.2f} | "
-            f"{cpu.get('redis', 0.0):.2f} |"
+        rows.append(
+            [
+                row["point"],
+                f"{row['stages_per_s']:.0f}",
+                str(row["errors"]),
+                f"{row['cpu_ms_per_stage_total']:.2f}",
+                f"{row['idle_share_ms_per_stage']:.2f}",
+                f"{row['redis_commands_per_stage']:.1f}",
+                f"{cpu.get('dispatcher', 0.0):.2f}",
+                f"{workers:.2f}",
+                f"{cpu.get('redis', 0.0):.2f}",
+            ]
         )
-    lines += ["", "`cN`: N requests in flight back to back; `rN`: Poisson arrivals at N per second.", ""]
+    header = ["point", "stages/s", "errors", "CPU-ms per stage", "of which idle"]
+    header += ["Redis commands per stage", "dispatcher", "workers", "redis"]
+    lines += [
+        *table(header, rows),
+        "",
+        "`cN`: N requests in flight back to back; `rN`: Poisson arrivals at N per second.",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from bench.markdown import table
+
 DOMAINS = ("code", "math")
 CEILING_MARGIN = 0.05
 DATASET = {"code": "code (APPS stand-in)", "math": "math (MATH stand-in)"}
@@ -19,14 +21,6 @@ def _f(v: Any, digits: int = 3) -> str:
     if isinstance(v, float):
         return f"{v:.{digits}f}"
     return str(v)
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return [
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-        *("| " + " | ".join(r) + " |" for r in rows),
-    ]
 
 
 def add_observable_gaps(result: dict[str, Any]) -> None:
@@ -115,7 +109,7 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
         ),
         "## Targets",
         "",
-        *_table(
+        *table(
             ["target", "value", "met"],
             [[t["target"], _f(t.get("value")), _f(t["met"])] for t in result["targets"]],
         ),
@@ -151,7 +145,7 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
             for m, row in r["per_model"].items()
         ]
         rows.append(["**macro**", *(_f(r.get(k)) for k in keys), "", ""])
-        lines += [*_table(["model", *keys, "test tasks", "success rate"], rows), ""]
+        lines += [*table(["model", *keys, "test tasks", "success rate"], rows), ""]
     lines += [
         "## Length predictor: Kendall-tau distance on held-out requests (lower is better)",
         "",
@@ -198,7 +192,7 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
             "p90 cover",
             "requests",
         ]
-        lines += [*_table(hdr, rows), ""]
+        lines += [*table(hdr, rows), ""]
     gain = result["predictor_gain_over_fcfs"]
     lines += [
         f"Gain over FCFS (mean over datasets and models): **{_f(gain['ours'])}** (paper: {gain['paper']}).",
@@ -221,7 +215,7 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
                 ]
             )
     lines += [
-        *_table(
+        *table(
             [
                 "dataset",
                 "model",
@@ -258,5 +252,5 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
                     _f(c["p99_ms"], 2),
                 ]
             )
-    lines += [*_table(["service", "batch", "max_wait_ms", "p50", "p99"], rows), ""]
+    lines += [*table(["service", "batch", "max_wait_ms", "p50", "p99"], rows), ""]
     path.write_text("\n".join(lines) + "\n")
