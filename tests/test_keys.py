@@ -12,7 +12,7 @@ import re
 import pytest
 
 from services.common import program_scripts, queue_scripts
-from services.common.keys import EngineField, Keys, ProfileField, ProgramField, RequestField
+from services.common.keys import EngineField, Keys, ProfileField, ProgramField, RequestField, StartupField
 
 pytestmark = pytest.mark.unit
 
@@ -37,6 +37,7 @@ PINNED = {
     "reaper_lease": (K.reaper_lease(), "chimera:reaper:lease"),
     "outcomes": (K.outcomes(), "chimera:outcomes"),
     "profile": (K.profile("e0"), "chimera:{e0}:profile"),
+    "engine_startup": (K.engine_startup("e0"), "chimera:{e0}:startup"),
     "export_cursor": (K.export_cursor(), "chimera:{jobs}:export:cursor"),
     "export_lock": (K.export_lock(), "chimera:{jobs}:export:lock"),
     "job_runs": (K.job_runs(), "chimera:{jobs}:runs"),
@@ -57,6 +58,7 @@ FIELDS = {
         "engine", "model", "workflow", "stage", "request_id", "confidences", "created", "updated", "attained",
     },
     ProfileField: {"json", "decode_ms_per_token", "max_batch_size", "prefill_ms_per_token", "measured_unix"},
+    StartupField: {"phase", "detail", "done", "total", "unit", "started_ms", "updated_ms", "worker_id"},
 }  # fmt: skip
 
 

@@ -14,6 +14,7 @@ import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.keys import EngineField, EngineHealth, Keys
+from services.common.startup import StartupState
 from services.common.tls import ClientTls, sync_channel
 
 
@@ -47,6 +48,10 @@ def heartbeat_unhealthy(r: redis.Redis, keys: Keys, engine: str, max_age_s: floa
     if health is not None and health != EngineHealth.OK:
         return f"engine {engine} is {health}: {reason or 'no reason given'}"
     if beat is None:
+        # Still starting: say which step it is at (downloading, converting, profiling...), not just "no".
+        starting = StartupState.from_mapping(r.hgetall(keys.engine_startup(engine)))
+        if starting is not None:
+            return f"engine {engine} is starting: {starting.describe()}"
         return f"engine {engine} has no heartbeat"
     age_s = time.time() - float(beat) / 1000
     if age_s > max_age_s:

@@ -12,6 +12,7 @@ is harmless (the retried stage reuses it; the TTL collects it).
     ZRANGE 'chimera:{e0}:queue' 0 -1 WITHSCORES   # waiting requests, dispatch order first
     HGETALL 'chimera:{e0}:inflight'               # request id -> predicted remaining tokens
     HGETALL 'chimera:{e0}:info'                   # model, profile, load, heartbeat
+    HGETALL 'chimera:{e0}:startup'                # what a starting worker is doing (phase, progress)
     ZRANGE 'chimera:{e0}:claims' 0 -1 WITHSCORES  # running requests -> lease deadline (unix ms)
     HGETALL 'chimera:{e0}:req:<request id>'       # one request: payload, state, attempt, decision
     XRANGE 'chimera:{e0}:out:<request id>' - +    # its output events
@@ -207,6 +208,16 @@ class Keys:
         """
         return f"{self.prefix}:{{{engine}}}:profile"
 
+    @key("HASH", "worker, while it starts", "one hour")
+    def engine_startup(self, engine: str) -> str:
+        """What the engine's worker is doing while it starts: phase, detail, progress: ``StartupField``.
+
+        Rewritten at every step of a start (fetching, assembling, converting, loading, profiling, ready) and
+        read by the launcher, which fails a start whose record stops moving (``services.common.startup``),
+        and by the health check, which answers with the phase until the first heartbeat.
+        """
+        return f"{self.prefix}:{{{engine}}}:startup"
+
     @key("STRING", "every dispatcher replica", "the lease (PX)")
     def reaper_lease(self) -> str:
         """The name of the dispatcher replica that runs the reaper now: one per deployment."""
@@ -331,3 +342,16 @@ class ProfileField:
     MAX_BATCH_SIZE: Final = "max_batch_size"
     PREFILL_MS_PER_TOKEN: Final = "prefill_ms_per_token"
     MEASURED_UNIX: Final = "measured_unix"
+
+
+class StartupField:
+    """Fields of ``Keys.engine_startup``."""
+
+    PHASE: Final = "phase"
+    DETAIL: Final = "detail"
+    DONE: Final = "done"
+    TOTAL: Final = "total"
+    UNIT: Final = "unit"
+    STARTED_MS: Final = "started_ms"
+    UPDATED_MS: Final = "updated_ms"
+    WORKER_ID: Final = "worker_id"

@@ -82,6 +82,14 @@ class EngineProfile:
     prefill_ms_per_token: float = 0.0
     # (batch size, decode step time in ms) points of the measured curve, ascending by batch size.
     step_ms: tuple[tuple[int, float], ...] = ()
+    # How the engine ran while measured (an in-process vLLM engine says; others leave them empty): its
+    # dtype, its OpenMP binding (``VLLM_CPU_OMP_THREADS_BIND`` x threads) and the CPU's vector extensions.
+    dtype: str = ""
+    threads: str = ""
+    cpu: str = ""
+    # False for the quick first profile a worker measures at start (two batch sizes, a few tokens): the
+    # worker measures the whole curve once its engine is idle and replaces it (services.worker.refine).
+    complete: bool = True
 
     def step_time_ms(self, batch: int) -> float:
         """Decode step time at ``batch`` sequences, interpolated linearly on the measured curve."""

@@ -38,7 +38,15 @@ class LauncherSettings(CommonSettings):
     router_port: int = Field(50061, ge=0, le=65535, description="router gRPC port; 0 picks a free port")
     predictor_port: int = Field(50062, ge=0, le=65535, description="predictor gRPC port; 0 picks a free port")
     start_timeout_s: float = Field(
-        600.0, gt=0, description="per group of services (a first vLLM start downloads, converts and profiles)"
+        600.0,
+        gt=0,
+        description="per group of services that do not report progress (Redis, router, dispatcher)",
+    )
+    stall_s: float = Field(
+        300.0,
+        gt=0,
+        description="a starting worker fails once its start-up report (download, conversion, load, profile) "
+        "has not moved for this long; there is no limit while it moves",
     )
     bootstrap_workflows: int = Field(3000, ge=100, description="synthetic workflows that seed the models")
     seed: int = Field(0, description="seed of the bootstrap traces")

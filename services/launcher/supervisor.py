@@ -21,10 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common.health import grpc_unhealthy
+from services.common.startup import StartupState, stalled_for
 
 log = logging.getLogger(__name__)
 
 HealthProbe = Callable[[], bool]
+# What a starting child says it is doing (a worker's start-up record), or None before its first report.
+ProgressProbe = Callable[[], StartupState | None]
 
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 30.0
@@ -45,10 +48,14 @@ class Child:
     log_path: Path
     probe: HealthProbe
     restart: bool = True  # False: a one-shot, left as it exits (compose's restart: "no")
+    # A child that reports its start-up progress is waited for while it progresses (start_and_wait), not
+    # for a fixed time.
+    progress: ProgressProbe | None = None
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0  # every restart since the launch
     streak: int = 0  # restarts since the child last stayed up STABLE_S: the backoff's exponent
     started_at: float = 0.0
+    started_unix: float = 0.0  # the same moment by the wall clock, which start-up reports are stamped in
     next_restart: float = 0.0  # when a dead child is due to restart; 0 while none is scheduled
     _log_file: object = field(default=None, repr=False)
 
@@ -64,6 +71,7 @@ class Child:
             start_new_session=True,
         )
         self.started_at = time.monotonic()
+        self.started_unix = time.time()
         log.info("started %s (pid %d), log %s", self.name, self.proc.pid, self.log_path)
 
     def alive(self) -> bool:
@@ -113,10 +121,17 @@ class Supervisor:
         self.children.append(child)
         return child
 
-    def start_and_wait(self, group: list[Child], timeout_s: float) -> None:
-        """Start a group together, then wait until every member is healthy (or fail with its log tail)."""
+    def start_and_wait(self, group: list[Child], timeout_s: float, stall_s: float | None = None) -> None:
+        """Start a group together, then wait until every member is healthy (or fail with its log tail).
+
+        A member without a progress probe must be healthy within ``timeout_s``. One with a progress probe
+        (a worker) is waited for as long as its start-up record keeps moving, and fails once it has not
+        moved for ``stall_s`` (default ``timeout_s``): a first start that downloads, converts and profiles
+        for many minutes is not a hang, and a hang is found in ``stall_s`` whatever came before it.
+        """
         for c in group:
             c.start()
+        watches = {c.name: StartWatch(c, timeout_s if stall_s is None else stall_s) for c in group}
         deadline = time.monotonic() + timeout_s
         pending = list(group)
         while pending:
@@ -124,13 +139,13 @@ class Supervisor:
                 if not c.alive():
                     raise RuntimeError(f"{c.name} exited during start-up:\n{tail(c.log_path)}")
                 if c.probe():
-                    log.info("%s is healthy", c.name)
+                    log.info("%s is healthy after %.0f s", c.name, time.monotonic() - c.started_at)
                     pending.remove(c)
-            if pending and time.monotonic() > deadline:
-                names = ", ".join(c.name for c in pending)
-                raise RuntimeError(
-                    f"not healthy after {timeout_s:.0f}s: {names}\n{tail(pending[0].log_path)}"
-                )
+                    continue
+                if c.progress is not None:
+                    watches[c.name].check()
+                elif time.monotonic() > deadline:
+                    raise RuntimeError(f"{c.name} not healthy after {timeout_s:.0f}s\n{tail(c.log_path)}")
             if pending:
                 time.sleep(0.2)
 
@@ -179,6 +194,52 @@ class Supervisor:
                 c.wait(5)
             c.sweep()
             c.close_log()
+
+
+class StartWatch:
+    """One starting child's progress: says what it is doing when that changes (and every ``say_every_s``
+    while it does not), and fails the start once its record has not moved for ``stall_s``."""
+
+    def __init__(self, child: Child, stall_s: float, say_every_s: float = 15.0) -> None:
+        self.child = child
+        self.stall_s = stall_s
+        self.say_every_s = say_every_s
+        self._last: StartupState | None = None
+        self._moved = time.monotonic()  # the child's own start counts as its first progress
+        self._said = 0.0
+
+    def check(self) -> None:
+        c = self.child
+        assert c.progress is not None
+        now = time.monotonic()
+        state = c.progress()
+        # A record left by an earlier start (or another process) says nothing about this one.
+        if state is not None and state.updated_ms / 1000.0 < c.started_unix - 1.0:
+            state = None
+        if state is not None and state != self._last:
+            self._last, self._moved = state, now
+            self._say(state, now)
+        elif state is not None and now - self._said >= self.say_every_s:
+            self._say(state, now)
+        idle = stalled_for(self._moved, now, self.stall_s)
+        if idle is not None:
+            doing = self._last.describe() if self._last is not None else "no start-up report yet"
+            raise RuntimeError(
+                f"{c.name} made no progress for {idle:.0f} s (limit {self.stall_s:.0f} s), last: {doing}\n"
+                f"{tail(c.log_path)}"
+            )
+
+    def _say(self, state: StartupState, now: float) -> None:
+        self._said = now
+        since = now - self._moved
+        still = f", {since:.0f} s in this step" if since >= 1 else ""
+        log.info(
+            "%s: %s (%.0f s since start%s)",
+            self.child.name,
+            state.describe(),
+            now - self.child.started_at,
+            still,
+        )
 
 
 def tail(path: Path, lines: int = 30) -> str:

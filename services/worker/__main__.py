@@ -15,7 +15,8 @@ from services.common.logs import setup_logging
 from services.common.metrics import start_exporter
 from services.common.queue import QueueStore
 from services.common.queue_records import Retention
-from services.common.redis_client import connect
+from services.common.redis_client import connect, connect_sync
+from services.common.startup import StartupReporter
 from services.worker.config import WorkerSettings
 from services.worker.engine.base import EngineDeadError
 from services.worker.engine.factory import build_engine
@@ -25,8 +26,15 @@ from services.worker.worker import Worker
 
 async def main(s: WorkerSettings, metrics: WorkerMetrics) -> int:
     redis = connect(s.redis_url, s.redis_max_connections, s.redis_outage_s)
-    store = QueueStore(redis, Keys(s.key_prefix), Retention(max_attempts=s.max_attempts))
-    worker = Worker(store, redis, build_engine(s), s.options(), metrics)
+    keys = Keys(s.key_prefix)
+    store = QueueStore(redis, keys, Retention(max_attempts=s.max_attempts))
+    opts = s.options()
+    # Every step of the start (weights fetched and converted, engine loaded, first profile) is reported
+    # in Redis for the launcher and the health check: a first start takes minutes on a small CPU.
+    startup = StartupReporter(
+        connect_sync(s.redis_url, socket_timeout=5.0), keys, s.engine_id, opts.worker_id
+    )
+    worker = Worker(store, redis, build_engine(s, startup), opts, metrics, startup)
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, worker.request_stop)
     try:

@@ -109,7 +109,9 @@ class WorkerSettings(CommonSettings):
     )
     max_model_len: int = Field(default=2048, ge=64, le=1_048_576, description="vllm: context length")
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
-        default="bfloat16", description="vllm: weight and activation dtype"
+        default="auto",
+        description="vllm: weight and activation dtype; auto: bfloat16 on a GPU or a CPU with AVX-512 BF16"
+        " or AMX, float32 on any other CPU (emulated bf16 is several times slower there)",
     )
     kv_cache_gib: float | None = Field(
         default=1.0, gt=0, description="vllm: KV cache GiB; none: vLLM sizes it (gpu_memory_utilization)"
@@ -126,7 +128,15 @@ class WorkerSettings(CommonSettings):
         description="remote: send the queue priority (server needs --scheduling-policy priority)",
     )
     profile_on_start: bool = Field(
-        default=True, description="profile a real engine at start when no measured profile is stored"
+        default=True,
+        description="a real engine with no stored profile gets a quick one at start (two batch sizes,"
+        " seconds) before it takes work",
+    )
+    refine_idle_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="after a quick profile, the whole curve is measured once the engine has been idle this"
+        " long, and replaces it (0: never)",
     )
     max_attempts: int = Field(
         default=3,
@@ -163,5 +173,6 @@ class WorkerSettings(CommonSettings):
             max_run_s=self.max_run_s,
             publish_chars=self.publish_chars,
             profile_on_start=self.profile_on_start,
+            refine_idle_s=self.refine_idle_s,
             max_attempts=self.max_attempts,
         )

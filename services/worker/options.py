@@ -28,8 +28,11 @@ class WorkerOptions:
     burst: bool = False
     max_requests: int | None = None
     # An engine with neither a stored measured profile nor one of its own (a real engine on first start)
-    # is profiled once before it takes work, so the load balancer can weigh it; the result is stored.
+    # gets a quick profile before it takes work, so the load balancer can weigh it; the result is stored.
     profile_on_start: bool = True
+    # That first profile is a quick one; the whole curve is measured once the engine has been idle this
+    # long (services.worker.refine), and replaces it. 0: never.
+    refine_idle_s: float = 5.0
     # Distinct worker deaths a request may be running in before it is failed as poison (queue_scripts);
     # registered with the engine so that every reaper of it applies this worker's limit.
     max_attempts: int = 3

@@ -15,7 +15,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,18 @@ from services.worker.engine.base import Engine, EngineRequestError
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# The quick first profile a new engine gets before it takes work: one sequence and a full batch, a few
+# tokens each, measured once (seconds, where the whole curve takes minutes on a small CPU). The worker
+# measures the whole curve later, while its engine is idle (services.worker.refine).
+QUICK_TOKENS = 16
+QUICK_ROUNDS = 1
+QUICK_PREFILL_WORDS = 128
+
+
+def quick_batch_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    return tuple(sorted({1, max(1, max_num_seqs)}))
+
+
 # A prompt that keeps an instruction-tuned model talking; random models ignore it and run to max_tokens.
 LONG_ANSWER = "Write a long, detailed essay with many sections about {topic}. Do not stop early."
 TOPICS = (
@@ -98,7 +110,7 @@ async def _decode_round(engine: Engine, batch: int, tokens: int, round_no: int) 
     return statistics.median(per_token)
 
 
-async def _prefill_ms_per_token(engine: Engine, long_words: int) -> float:
+async def prefill_ms_per_token(engine: Engine, long_words: int) -> float:
     """Extra time to first token per extra prompt token, from one short and one long prompt at batch 1."""
     short = await _run_one(engine, _request(f"[{uuid.uuid4().hex}] Say hi.", 1, 0))
     long: _Run | None = None
@@ -163,31 +175,67 @@ async def profile_engine(
     ``rounds`` times and the median kept. Batch sizes above ``engine.max_num_seqs`` are skipped: beyond it
     requests wait in the engine and the step time no longer describes a batch.
     """
-    sizes = sorted({b for b in batch_sizes if 1 <= b <= engine.max_num_seqs}) or [1]
-    total = len(sizes) * rounds
+    sizes = profile_sizes(engine, batch_sizes)
     await _run_one(engine, _request("Warm up.", 4, 0))  # first-call costs are not step time
     curve: list[tuple[int, float]] = []
-    done = 0
-    for b in sizes:
-        samples = []
-        for r in range(rounds):
-            samples.append(await _decode_round(engine, b, tokens, r))
-            done += 1
-        step = statistics.median(samples)
-        curve.append((b, round(step, 4)))
-        log.info("profile %s: batch %d step %.2f ms", engine.model, b, step)
+    for i, b in enumerate(sizes):
+        step = await measure_batch(engine, b, tokens, rounds)
+        curve.append((b, step))
         if progress is not None:
-            progress(ProfileProgress(done, total, b, step))
-    prefill = await _prefill_ms_per_token(engine, prefill_words)
+            progress(ProfileProgress(i + 1, len(sizes), b, step))
+    prefill = await prefill_ms_per_token(engine, prefill_words)
+    return build_profile(engine, curve, prefill, min_gain)
+
+
+def profile_sizes(engine: Engine, batch_sizes: Iterable[int] = DEFAULT_BATCH_SIZES) -> list[int]:
+    """The batch sizes worth measuring: those the engine can run at once (beyond max_num_seqs requests wait
+    in the engine and the step time no longer describes a batch)."""
+    return sorted({b for b in batch_sizes if 1 <= b <= engine.max_num_seqs}) or [1]
+
+
+async def measure_batch(engine: Engine, batch: int, tokens: int = 64, rounds: int = 2) -> float:
+    """The engine's decode step time (ms) with ``batch`` sequences together: the median of ``rounds``."""
+    samples = [await _decode_round(engine, batch, tokens, r) for r in range(rounds)]
+    step = round(statistics.median(samples), 4)
+    log.info("profile %s: batch %d step %.2f ms", engine.model, batch, step)
+    return step
+
+
+def build_profile(
+    engine: Engine, curve: Sequence[tuple[int, float]], prefill_ms: float, min_gain: float = 0.1
+) -> EngineProfile:
+    """The profile of a measured curve (made monotone) and prefill cost, with how the engine ran."""
     smooth = monotone_curve(curve)
     if smooth != tuple(curve):
-        log.info("profile %s: raw curve %s made monotone: %s", engine.model, curve, smooth)
+        log.info("profile %s: raw curve %s made monotone: %s", engine.model, list(curve), smooth)
+    prefill = prefill_ms
+    # Only in-process engines know how they run (dtype, threads); the others leave it empty.
+    setup: dict[str, str] = getattr(engine, "setup", None) or {}
     return EngineProfile(
         decode_ms_per_token=smooth[0][1],
         max_batch_size=effective_max_batch(smooth, engine.max_num_seqs, min_gain),
         prefill_ms_per_token=round(prefill, 4),
         step_ms=smooth,
+        dtype=setup.get("dtype", ""),
+        threads=setup.get("threads", ""),
+        cpu=setup.get("cpu", ""),
     )
+
+
+async def quick_profile(
+    engine: Engine, progress: Callable[[ProfileProgress], None] | None = None
+) -> EngineProfile:
+    """The first profile of a new engine, in seconds: batch 1 and a full batch, ``QUICK_TOKENS`` each,
+    marked incomplete so that the whole curve replaces it once measured."""
+    profile = await profile_engine(
+        engine,
+        quick_batch_sizes(engine.max_num_seqs),
+        tokens=QUICK_TOKENS,
+        rounds=QUICK_ROUNDS,
+        prefill_words=QUICK_PREFILL_WORDS,
+        progress=progress,
+    )
+    return replace(profile, complete=False)
 
 
 async def store_profile(

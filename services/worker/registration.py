@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -13,9 +13,10 @@ from redis.typing import EncodableT, FieldT
 
 from services.common.keys import EngineField, EngineHealth, Keys, ProfileField
 from services.common.redis_client import is_cluster
+from services.common.startup import NoStartupReport, Phase, StartupSink
 from services.common.types import EngineProfile
 from services.worker.engine.base import Engine
-from services.worker.profiling import profile_engine, store_profile
+from services.worker.profiling import ProfileProgress, quick_profile, store_profile
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,36 @@ async def mark_dead(redis: Redis, keys: Keys, engine_id: str, worker_id: str, re
     await redis.hset(keys.engine_info(engine_id), mapping=mapping)
 
 
+def _source(measured: EngineProfile | None, profile: EngineProfile | None) -> str:
+    if measured is not None:
+        return "measured" if measured.complete else "quick"
+    return "engine" if profile else "none"
+
+
+def with_profile(reg: Registration, profile: EngineProfile) -> Registration:
+    """``reg`` with ``profile`` (the worker's whole curve replacing its quick one) in place of its own."""
+    fields = dict(reg.fields)
+    fields[EngineField.PROFILE_SOURCE] = _source(profile, profile)
+    return registration(reg.engine_id, fields, profile)
+
+
+async def publish_profile(redis: Redis, keys: Keys, reg: Registration) -> None:
+    """Write the profile fields of ``reg`` into the engine's info hash: the load balancer prices the
+    engine by them from its next decision on."""
+    f = EngineField
+    names = (f.DECODE_MS_PER_TOKEN, f.MAX_BATCH_SIZE, f.PROFILE, f.PROFILE_SOURCE)
+    mapping: dict[FieldT, EncodableT] = {k: reg.fields[k] for k in names if k in reg.fields}
+    await redis.hset(keys.engine_info(reg.engine_id), mapping=mapping)
+
+
+def _profile_progress(startup: StartupSink) -> Callable[[ProfileProgress], None]:
+    def report(p: ProfileProgress) -> None:
+        detail = f"quick profile, batch {p.batch_size}: {p.step_ms:.0f} ms per step"
+        startup.report(Phase.PROFILING, detail, p.done, p.total, "points")
+
+    return report
+
+
 async def announce(
     redis: Redis,
     keys: Keys,
@@ -137,13 +168,17 @@ async def announce(
     profile_on_start: bool,
     max_attempts: int,
     lease_s: float,
+    startup: StartupSink | None = None,
 ) -> Registration:
     """Register the worker's engine with its profile: the stored measured one, else the engine's own, else
-    (a real engine on its first start, with ``profile_on_start``) one measured now and stored."""
+    (a real engine on its first start, with ``profile_on_start``) a quick one measured now and stored, which
+    the worker completes later (``services.worker.refine``)."""
     measured = await stored_profile(redis, keys, engine_id)
     if measured is None and engine.profile() is None and profile_on_start:
-        log.info("engine %s has no measured profile: profiling it before it takes work", engine_id)
-        measured = await profile_engine(engine)
+        log.info("engine %s has no measured profile: a quick one before it takes work", engine_id)
+        sink = startup or NoStartupReport()
+        sink.report(Phase.PROFILING, "quick profile: warming up")
+        measured = await quick_profile(engine, _profile_progress(sink))
         await store_profile(redis, keys, engine_id, measured)
     profile = measured or engine.profile()
     f = EngineField
@@ -152,7 +187,8 @@ async def announce(
         f.KIND: kind,
         f.MAX_NUM_SEQS: engine.max_num_seqs,
         f.WORKER_ID: worker_id,
-        f.PROFILE_SOURCE: "measured" if measured else ("engine" if profile else "none"),
+        # "quick": measured at start on two batch sizes; the worker replaces it with the whole curve.
+        f.PROFILE_SOURCE: _source(measured, profile),
         # A simulated engine runs time_scale times faster than its profile; readers of its timings
         # (benchmarks) multiply wall durations by it. Real engines run at 1.
         f.TIME_SCALE: float(getattr(engine, "time_scale", 1.0)),

@@ -29,8 +29,10 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from services.common.keys import EngineField
 from services.common.queue import QueueStore
-from services.common.types import ClaimedRequest
+from services.common.startup import NoStartupReport, Phase, StartupSink
+from services.common.types import ClaimedRequest, EngineProfile
 from services.worker import leases, records, registration
 from services.worker.engine.base import (
     Engine,
@@ -42,6 +44,7 @@ from services.worker.engine.base import (
 from services.worker.metrics import WorkerMetrics
 from services.worker.options import Job, WorkerOptions
 from services.worker.publisher import DeltaPublisher
+from services.worker.refine import ProfileRefiner
 
 __all__ = ["Worker", "WorkerOptions"]  # WorkerOptions lives in options.py; callers import it from here too
 
@@ -56,6 +59,7 @@ class Worker:
         engine: Engine,
         opts: WorkerOptions,
         metrics: WorkerMetrics | None = None,
+        startup: StartupSink | None = None,
     ) -> None:
         self._q = queue
         # Without one from __main__ (tests), metrics go to a private registry nobody scrapes.
@@ -75,6 +79,8 @@ class Worker:
         self._orphans: list[Job] = []
         self._marking: asyncio.Task[None] | None = None
         self._deltas = DeltaPublisher(queue, opts.engine_id, opts.publish_interval_s, opts.publish_chars)
+        self._startup = startup or NoStartupReport()
+        self._idle_since = time.monotonic()  # when it last held nothing; what profile refinement waits on
         self.claimed_total = 0
         self.completed_total = 0
 
@@ -98,15 +104,18 @@ class Worker:
         Raises EngineDeadError if the engine died; its claims are then back in the queue.
         """
         o = self._o
+        self._startup.report(Phase.LOADING, f"{o.kind} engine {self._engine.model}")
         await self._engine.start()
         try:
             await self._register()
             await leases.reap(self._q, self._m, o.engine_id)
+            self._startup.report(Phase.READY, f"serving {self._engine.model}")
             background = [
                 asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
                 asyncio.create_task(self._renew_loop(), name="renew"),
                 asyncio.create_task(self._reap_loop(), name="reap"),
                 asyncio.create_task(self._deltas.run(self._closing), name="deltas"),
+                *self._refinement(),
             ]
             log.info(
                 "serving on engine %s (kind=%s model=%s max_num_seqs=%d prefetch=%d worker=%s)",
@@ -136,6 +145,32 @@ class Worker:
             "worker %s done: %d claimed, %d completed", o.worker_id, self.claimed_total, self.completed_total
         )
 
+    def _refinement(self) -> list[asyncio.Task[object]]:
+        """The task that measures the whole profile in idle spells, when the registered one is quick."""
+        assert self._reg is not None
+        raw = self._reg.fields.get(EngineField.PROFILE)
+        if self._o.refine_idle_s <= 0 or not raw or EngineProfile.from_json(raw).complete:
+            return []
+        refiner = ProfileRefiner(
+            self._engine,
+            self._r,
+            self._q.keys,
+            self._o.engine_id,
+            self._idle_for,
+            lambda: self.claimed_total,
+            self._publish_profile,
+            self._o.refine_idle_s,
+        )
+        return [asyncio.create_task(refiner.run(self._closing), name="refine-profile")]
+
+    def _idle_for(self) -> float:
+        return 0.0 if self._held else time.monotonic() - self._idle_since
+
+    async def _publish_profile(self, profile: EngineProfile) -> None:
+        assert self._reg is not None
+        self._reg = registration.with_profile(self._reg, profile)
+        await registration.publish_profile(self._r, self._q.keys, self._reg)
+
     async def _register(self) -> None:
         o = self._o
         self._reg = await registration.announce(
@@ -148,6 +183,7 @@ class Worker:
             o.profile_on_start,
             o.max_attempts,
             o.lease_s,
+            self._startup,
         )
 
     def _die(self, reason: str) -> None:
@@ -304,6 +340,8 @@ class Worker:
             await self._probe()  # an error that is not the request's may be the engine's death
         finally:
             self._held.pop(req.request_id, None)
+            if not self._held:
+                self._idle_since = time.monotonic()
             self._slot_freed.set()
             self._occupancy()
 

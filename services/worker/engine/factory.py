@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from services.common.startup import NoStartupReport, StartupSink
 from services.worker.engine.base import Engine
 from services.worker.engine.simulated import SimulatedEngine
 from services.worker.engine.simulated_inputs import LognormalLengths, measured_style_profile
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
     from services.worker.config import WorkerSettings
 
 
-def _simulated(s: WorkerSettings) -> Engine:
+def _simulated(s: WorkerSettings, startup: StartupSink) -> Engine:
     profile = s.profile() or measured_style_profile(max_batch_size=s.max_num_seqs)
     lengths = LognormalLengths(median_tokens=s.sim_length_median, sigma=s.sim_length_sigma, seed=s.sim_seed)
     return SimulatedEngine(
@@ -28,18 +29,18 @@ def _simulated(s: WorkerSettings) -> Engine:
     )
 
 
-def _vllm(s: WorkerSettings) -> Engine:
+def _vllm(s: WorkerSettings, startup: StartupSink) -> Engine:
     # Imported here: vLLM and torch take seconds to import and only real-engine workers need them.
-    from services.worker.engine.vllm_engine import VllmEngine, VllmEngineConfig
+    from services.worker.engine.vllm_engine import VllmEngine, VllmEngineConfig, machine_dtype
     from services.worker.models import resolve_model
 
     return VllmEngine(
         VllmEngineConfig(
-            model_path=str(resolve_model(s.model_path)),
+            model_path=str(resolve_model(s.model_path, startup=startup)),
             model=s.model,
             max_model_len=s.max_model_len,
             max_num_seqs=s.max_num_seqs,
-            dtype=s.dtype,
+            dtype=machine_dtype(s.dtype),
             kv_cache_gib=s.kv_cache_gib,
             enforce_eager=s.enforce_eager,
             gpu_memory_utilization=s.gpu_memory_utilization,
@@ -48,7 +49,7 @@ def _vllm(s: WorkerSettings) -> Engine:
     )
 
 
-def _remote(s: WorkerSettings) -> Engine:
+def _remote(s: WorkerSettings, startup: StartupSink) -> Engine:
     from services.worker.engine.remote import RemoteEngine, RemoteEngineConfig
 
     if not s.remote_url:
@@ -64,18 +65,19 @@ def _remote(s: WorkerSettings) -> Engine:
     )
 
 
-ENGINES: dict[str, Callable[[WorkerSettings], Engine]] = {
+ENGINES: dict[str, Callable[[WorkerSettings, StartupSink], Engine]] = {
     "simulated": _simulated,
     "vllm": _vllm,
     "remote": _remote,
 }
 
 
-def build_engine(settings: WorkerSettings) -> Engine:
-    """The engine of kind ``settings.engine_kind``; ValueError naming the known kinds otherwise."""
+def build_engine(settings: WorkerSettings, startup: StartupSink | None = None) -> Engine:
+    """The engine of kind ``settings.engine_kind``; ValueError naming the known kinds otherwise.
+    ``startup`` hears each step of getting the weights ready (fetch, assembly, conversion)."""
     try:
         make = ENGINES[settings.engine_kind]
     except KeyError:
         known = ", ".join(sorted(ENGINES))
         raise ValueError(f"unknown engine kind {settings.engine_kind!r}; known kinds: {known}") from None
-    return make(settings)
+    return make(settings, startup or NoStartupReport())

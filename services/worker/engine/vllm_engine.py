@@ -9,12 +9,14 @@ beyond its batch, as a second line of defence behind the Redis queue.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from services.common.types import ChatMessage, EngineProfile, SamplingParams, StageRequest
 from services.worker.engine.base import EngineDeadError, EngineOutput, EngineRequestError
+from services.worker.engine.machine import choose_dtype, cpu_flags, cpu_summary
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,13 @@ class VllmEngineConfig:
 
     def served_name(self) -> str:
         return self.model or self.model_path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def machine_dtype(requested: str) -> Dtype:
+    """``requested``, or for "auto" the dtype this machine runs fast (``machine.choose_dtype``)."""
+    from vllm.platforms import current_platform
+
+    return choose_dtype(requested, current_platform.is_cpu(), cpu_flags())  # type: ignore[return-value]
 
 
 def engine_args(cfg: VllmEngineConfig) -> Any:
@@ -108,6 +117,18 @@ class VllmEngine:
         self._active: set[str] = set()
         # Aborts that arrive before generate() has handed the request to vLLM.
         self._aborted: set[str] = set()
+        self.setup = self._setup()
+
+    def _setup(self) -> dict[str, str]:
+        """How this engine runs, for its profile: dtype, OpenMP binding and CPU (the last two on a CPU)."""
+        from vllm.platforms import current_platform
+
+        setup: dict[str, str] = {"dtype": self.cfg.dtype}
+        if current_platform.is_cpu():
+            bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+            setup["threads"] = f"{bind} x{os.environ.get('OMP_NUM_THREADS', '?')}"
+            setup["cpu"] = cpu_summary(cpu_flags())
+        return setup
 
     async def start(self) -> None:
         """Build the engine. Blocks the loop for the engine-core start (20–60 s on a shared 2-core CPU)."""
@@ -117,7 +138,7 @@ class VllmEngine:
             return
         self._llm = AsyncLLM.from_engine_args(engine_args(self.cfg))
         self._tokenizer = self._llm.get_tokenizer()
-        log.info("vllm engine %s ready (max_num_seqs=%d)", self.model, self.max_num_seqs)
+        log.info("vllm engine %s ready (max_num_seqs=%d, %s)", self.model, self.max_num_seqs, self.setup)
 
     async def stop(self) -> None:
         llm, self._llm = self._llm, None
