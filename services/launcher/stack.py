@@ -211,7 +211,12 @@ def running_stack(
             redis_url = settings.redis_url
         keys = Keys(settings.key_prefix)
         artifacts = ensure_artifacts(
-            pool, state / "artifacts", settings.bootstrap_workflows, settings.seed, settings.embedded_corpus
+            pool,
+            state / "artifacts",
+            settings.bootstrap_workflows,
+            settings.seed,
+            settings.embedded_corpus,
+            settings.real_traces,
         )
         picker = _Ports(host)
         # Inline, the dispatchers run the models themselves: no router or predictor process, port or probe.
