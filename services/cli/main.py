@@ -76,39 +76,49 @@ def up(
 @app.command()
 def demo(
     pool: PoolOpt = None,
-    workflows: Annotated[int, typer.Option(help="workflows to run")] = 24,
-    concurrency: Annotated[int, typer.Option(help="workflows in flight at once")] = 16,
-    max_tokens: Annotated[int, typer.Option(help="max tokens per stage")] = 128,
+    workflows: Annotated[int, typer.Option(help="tasks, each run by every arm")] = 8,
+    max_tokens: Annotated[int, typer.Option(help="max tokens per stage (the real traces' budget)")] = 512,
+    workflow: Annotated[
+        str, typer.Option(help="workflow type (services/workload/workflows.py)")
+    ] = "code/coder",
+    compare: Annotated[
+        bool, typer.Option(help="also run each model alone on the same tasks, beside Chimera's choice")
+    ] = True,
     seed: int = 0,
 ) -> None:
-    """Bring the stack up on free ports, run concurrent code and math workflows through the gRPC front
-    door, print what happened to each, and stop."""
-    from services.demo.client import run_demo
-    from services.demo.report import print_queue_snapshot, print_report
+    """Bring the stack up on free ports, run HumanEval workflows through the gRPC front door as Chimera
+    routes them and as each model alone serves them, verify every answer, print the comparison, and stop."""
+    from services.demo.arms import arms_for, demo_tasks, run_arms, seen_problems
+    from services.demo.report import print_arms, print_report
     from services.verify.answers import load_answer_key
     from services.workload.corpus import load_corpus
+    from services.workload.workflows import UnknownWorkflow, get_workflow
 
     setup_logging("demo", "WARNING")
     logging.getLogger("services.launcher").setLevel(logging.INFO)
+    try:
+        wf = get_workflow(workflow)
+    except UnknownWorkflow as exc:
+        raise typer.BadParameter(str(exc), param_hint="--workflow") from None
     corpus = load_corpus()
     console.print(f"corpus: {len(corpus.problems)} problems from {corpus.origin} {corpus.counts()}")
     key = load_answer_key()
     console.print(f"answer key: checks for {key.counts()} (verified scores go back with EndProgram)")
     settings = _settings(pool, dispatcher_port=0, http_port=0, router_port=0, predictor_port=0)
+    tasks = demo_tasks(corpus.problems, key, wf, workflows, seed, exclude=seen_problems(settings.real_traces))
+    console.print(
+        f"tasks: {len(tasks)} HumanEval problems as {wf.name}, none of them in the real traces the router"
+        f" learnt from; {max_tokens} tokens per stage"
+    )
     with running_stack(settings) as stack:
         console.print(f"stack up: engines {[f'{e.id} ({e.model})' for e in stack.pool.engines]}")
-
-        async def go() -> list:  # type: ignore[type-arg]
-            task = asyncio.create_task(
-                run_demo(
-                    stack.dispatcher_addr, corpus.problems, workflows, concurrency, max_tokens, seed, key
-                )
-            )
-            await print_queue_snapshot(console, stack, task)
-            return await task
-
-        runs = asyncio.run(go())
-    failed = print_report(console, runs)
+        models = list(dict.fromkeys(e.model for e in stack.pool.engines))
+        arms = arms_for(models if compare else [])
+        results = asyncio.run(run_arms(console, stack, arms, wf, tasks, max_tokens, key))
+    everything = [r for runs in results.values() for r in runs]
+    print_report(console, everything)
+    print_arms(console, results)
+    failed = sum(not r.completed for r in everything)
     raise typer.Exit(1 if failed else 0)
 
 

@@ -15,7 +15,7 @@ import random
 import subprocess
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -158,6 +158,30 @@ def plan_runs(problems: Sequence[Problem], n: int, seed: int) -> list[WorkflowRu
     return runs
 
 
+async def run_workflows(
+    dispatcher_addr: str,
+    runs: Sequence[WorkflowRun],
+    concurrency: int,
+    max_tokens: int,
+    key: AnswerKey | None = None,
+    on_done: Callable[[WorkflowRun], None] | None = None,
+) -> list[WorkflowRun]:
+    """Run ``runs``, ``concurrency`` at a time; with ``key``, each completed one is verified and its score
+    sent with EndProgram. ``on_done`` hears of each as it finishes."""
+    sem = asyncio.Semaphore(concurrency)
+    async with grpc.aio.insecure_channel(dispatcher_addr) as channel:
+        stub = pb_grpc.DispatcherStub(channel)
+
+        async def one(run: WorkflowRun) -> WorkflowRun:
+            async with sem:
+                await run_workflow(stub, run, max_tokens, key)
+            if on_done is not None:
+                on_done(run)
+            return run
+
+        return list(await asyncio.gather(*(one(r) for r in runs)))
+
+
 async def run_demo(
     dispatcher_addr: str,
     problems: Sequence[Problem],
@@ -167,15 +191,5 @@ async def run_demo(
     seed: int,
     key: AnswerKey | None = None,
 ) -> list[WorkflowRun]:
-    """Run ``n`` workflows, ``concurrency`` at a time; with ``key``, each completed one is verified and its
-    score sent with EndProgram."""
-    runs = plan_runs(problems, n, seed)
-    sem = asyncio.Semaphore(concurrency)
-    async with grpc.aio.insecure_channel(dispatcher_addr) as channel:
-        stub = pb_grpc.DispatcherStub(channel)
-
-        async def one(run: WorkflowRun) -> WorkflowRun:
-            async with sem:
-                return await run_workflow(stub, run, max_tokens, key)
-
-        return list(await asyncio.gather(*(one(r) for r in runs)))
+    """``n`` workflows of every type (``plan_runs``), ``concurrency`` at a time (``run_workflows``)."""
+    return await run_workflows(dispatcher_addr, plan_runs(problems, n, seed), concurrency, max_tokens, key)

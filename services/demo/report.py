@@ -1,13 +1,17 @@
-"""What the demo prints: a queue snapshot taken mid-run and a per-workflow table with each verified score."""
+"""What the demo prints: a line per workflow as it finishes, a queue snapshot taken mid-run, a per-workflow
+table with each verified score, and the summary that puts Chimera's choice beside each model alone."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+import statistics
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from services.common.keys import Keys, RequestField
@@ -16,7 +20,7 @@ from services.demo.client import WorkflowRun
 from services.launcher.stack import Stack
 
 
-async def print_queue_snapshot(console: Console, stack: Stack, until: asyncio.Task[object]) -> None:
+async def print_queue_snapshot(console: Console, stack: Stack, until: asyncio.Future[Any]) -> None:
     """Once some engine has a queue, print it as ``redis-cli ZRANGE <queue> 0 -1 WITHSCORES`` would."""
     keys = Keys(stack.key_prefix)
     client = connect_tool(stack.redis_url)
@@ -24,7 +28,7 @@ async def print_queue_snapshot(console: Console, stack: Stack, until: asyncio.Ta
         while not until.done():
             for e in stack.pool.engines:
                 entries: Any = await client.zrange(keys.queue(e.id), 0, -1, withscores=True)
-                if len(entries) >= 3:
+                if len(entries) >= 2:
                     table = Table(title=f"ZRANGE '{keys.queue(e.id)}' 0 -1 WITHSCORES (dispatch order)")
                     for col in ("pos", "request", "score", "predicted tokens", "stage"):
                         table.add_column(col)
@@ -102,3 +106,42 @@ def print_report(console: Console, runs: Sequence[WorkflowRun]) -> int:
     done = sum(r.completed for r in runs)
     console.print(f"workflows completed: {done}/{len(runs)}")
     return len(runs) - done
+
+
+def _short(model: str) -> str:
+    return model.rsplit("/", 1)[-1]
+
+
+def done_line(arm: str, run: WorkflowRun, done: int, total: int) -> str:
+    """``[3/8] chimera humaneval/12 -> Qwen2.5-Coder-0.5B-Instruct: 412 tokens, 63.1 s, passed``."""
+    models = ",".join(sorted({_short(s.model) for s in run.stages})) or "-"
+    tokens = sum(s.completion_tokens for s in run.stages)
+    if not run.completed:
+        verdict = f"[red]failed: {escape(str(run.error))}[/]"
+    elif run.verdict is None:
+        verdict = "not checked"
+    else:
+        verdict = "[green]passed[/]" if run.verdict.passed else "wrong"
+    head = f"  [{done}/{total}] {escape(arm)} {run.problem.id} -> {models}"
+    return f"{head}: {tokens} tokens, {run.e2e_s:.1f} s, {verdict}"
+
+
+def print_arms(console: Console, arms: Mapping[str, Sequence[WorkflowRun]]) -> None:
+    """The closing summary: per arm, on the same tasks, the verified score and the end-to-end times."""
+    table = Table(title="the same tasks: Chimera's choice beside each model alone")
+    for col in ("arm", "completed", "verified score", "mean e2e s", "median e2e s", "served by"):
+        table.add_column(col)
+    for name, runs in arms.items():
+        done = [r for r in runs if r.completed]
+        scored = [r.verdict.score for r in done if r.verdict is not None]
+        times = [r.e2e_s for r in done]
+        served = Counter(_short(s.model) for r in done for s in r.stages)
+        table.add_row(
+            name,
+            f"{len(done)}/{len(runs)}",
+            f"{sum(scored) / len(scored):.2f} ({int(sum(scored))}/{len(scored)})" if scored else "-",
+            f"{statistics.fmean(times):.1f}" if times else "-",
+            f"{statistics.median(times):.1f}" if times else "-",
+            ", ".join(f"{m} {n}" for m, n in served.most_common()) or "-",
+        )
+    console.print(table)
