@@ -118,8 +118,11 @@ def demo(
     )
     if tau is not None:
         os.environ["CHIMERA_DISPATCHER_TAU"] = str(tau)  # the dispatcher child inherits it
-    knobs = DispatcherSettings().knobs()
-    console.print(f"Chimera's knobs: tau {knobs.tau:g} (latency slack), delta {knobs.delta_s:g} (margin)")
+    chosen = DispatcherSettings()
+    console.print(
+        f"Chimera's policy: {chosen.policy}, tau {chosen.tau:g} (latency slack), delta {chosen.delta_s:g}"
+        " (confidence margin)"
+    )
     with running_stack(settings) as stack:
         console.print(f"stack up: engines {[f'{e.id} ({e.model})' for e in stack.pool.engines]}")
         models = list(dict.fromkeys(e.model for e in stack.pool.engines))
