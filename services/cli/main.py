@@ -85,6 +85,10 @@ def demo(
     compare: Annotated[
         bool, typer.Option(help="also run each model alone on the same tasks, beside Chimera's choice")
     ] = True,
+    policy: Annotated[
+        str | None,
+        typer.Option(help="the dispatcher's policy (CHIMERA_DISPATCHER_POLICY; services/policy/README.md)"),
+    ] = None,
     tau: Annotated[
         float | None,
         typer.Option(help="the dispatcher's latency slack (CHIMERA_DISPATCHER_TAU); unset: its setting"),
@@ -96,6 +100,7 @@ def demo(
     from services.demo.arms import arms_for, demo_tasks, run_arms, seen_problems
     from services.demo.report import print_arms, print_report
     from services.dispatcher.config import DispatcherSettings
+    from services.policy.registry import POLICIES
     from services.verify.answers import load_answer_key
     from services.workload.corpus import load_corpus
     from services.workload.workflows import UnknownWorkflow, get_workflow
@@ -106,6 +111,12 @@ def demo(
         wf = get_workflow(workflow)
     except UnknownWorkflow as exc:
         raise typer.BadParameter(str(exc), param_hint="--workflow") from None
+    if policy is not None:
+        if policy not in POLICIES:
+            raise typer.BadParameter(f"unknown policy; known: {sorted(POLICIES)}", param_hint="--policy")
+        os.environ["CHIMERA_DISPATCHER_POLICY"] = policy  # the dispatcher child inherits these
+    if tau is not None:
+        os.environ["CHIMERA_DISPATCHER_TAU"] = str(tau)
     corpus = load_corpus()
     console.print(f"corpus: {len(corpus.problems)} problems from {corpus.origin} {corpus.counts()}")
     key = load_answer_key()
@@ -116,8 +127,6 @@ def demo(
         f"tasks: {len(tasks)} HumanEval problems as {wf.name}, none of them in the real traces the router"
         f" learnt from; {max_tokens} tokens per stage"
     )
-    if tau is not None:
-        os.environ["CHIMERA_DISPATCHER_TAU"] = str(tau)  # the dispatcher child inherits it
     chosen = DispatcherSettings()
     console.print(
         f"Chimera's policy: {chosen.policy}, tau {chosen.tau:g} (latency slack), delta {chosen.delta_s:g}"
