@@ -24,6 +24,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a
 
 
 def _child(args: argparse.Namespace) -> None:
-    """One engine: measure every batch size and print one JSON line."""
+    """One engine: measure every batch size and write the result to ``args.out``."""
     from vllm import LLM, SamplingParams
 
     from services.worker.models import resolve_model
@@ -64,7 +65,8 @@ def _child(args: argparse.Namespace) -> None:
             wall = time.monotonic() - t
             rates.append(sum(len(o.outputs[0].token_ids) for o in outs) / wall)
         points.append({"batch": b, "tok_s": rates})
-    print(json.dumps({"load_s": load_s, "points": points}), flush=True)
+    # A file, not stdout: vLLM prints its own lines there.
+    Path(args.out).write_text(json.dumps({"load_s": load_s, "points": points}))
 
 
 def _barrier(path: str | None, peers: int, name: str, timeout_s: float = 600.0) -> None:
@@ -88,9 +90,10 @@ def _run(
     batches: list[int],
     tokens: int,
     reps: int,
+    out: Path,
     barrier: str = "",
     peers: int = 1,
-) -> subprocess.Popen[str]:
+) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "VLLM_CPU_OMP_THREADS_BIND": bind,
@@ -98,17 +101,16 @@ def _run(
         "VLLM_CPU_KVCACHE_SPACE": "1",
     }
     cmd = [sys.executable, "-m", "bench.engine_setup", "--child", "--dtype", dtype, "--tokens", str(tokens)]
-    cmd += ["--reps", str(reps), "--batches", *map(str, batches), "--peers", str(peers)]
+    cmd += ["--reps", str(reps), "--batches", *map(str, batches), "--peers", str(peers), "--out", str(out)]
     if barrier:
         cmd += ["--barrier", barrier]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
 
 
-def _result(proc: subprocess.Popen[str]) -> dict[str, Any]:
-    out, _ = proc.communicate()
-    if proc.returncode != 0:
+def _result(proc: subprocess.Popen[bytes], out: Path) -> dict[str, Any]:
+    if proc.wait() != 0:
         raise RuntimeError(f"a measuring process failed (exit {proc.returncode})")
-    return dict(json.loads(out.strip().splitlines()[-1]))
+    return dict(json.loads(out.read_text()))
 
 
 def _summary(points: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -123,13 +125,19 @@ def _summary(points: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 def measure(tokens: int, reps: int, batches: list[int]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="engine-setup-") as tmp:
+        return _measure(Path(tmp), tokens, reps, batches)
+
+
+def _measure(work: Path, tokens: int, reps: int, batches: list[int]) -> dict[str, Any]:
     first = min(os.sched_getaffinity(0))
     second = sorted(os.sched_getaffinity(0))[1] if len(os.sched_getaffinity(0)) > 1 else first
     alone: dict[str, Any] = {}
     for dtype in ("bfloat16", "float32"):
         for label, bind in (("bound one core", str(first)), ("one unbound thread", "nobind")):
             print(f"alone: {dtype}, {label}", file=sys.stderr, flush=True)
-            r = _result(_run(dtype, bind, 1, batches, tokens, reps))
+            out = work / f"alone-{len(alone)}.json"
+            r = _result(_run(dtype, bind, 1, batches, tokens, reps, out), out)
             alone[f"{dtype} | {label}"] = {"load_s": r["load_s"], "tok_s": _summary(r["points"])}
     pair: dict[str, Any] = {}
     dtype = "float32" if "avx512_bf16" not in _flags() else "bfloat16"
@@ -138,9 +146,12 @@ def measure(tokens: int, reps: int, batches: list[int]) -> dict[str, Any]:
         ("unbound", ("nobind", "nobind")),
     ):
         print(f"two engines at once: {dtype}, {label}", file=sys.stderr, flush=True)
-        barrier = f"/tmp/engine-setup-barrier-{os.getpid()}-{len(pair)}"
-        procs = [_run(dtype, b, 1, batches, tokens, reps, barrier, peers=2) for b in binds]
-        rs = [_result(p) for p in procs]
+        barrier = str(work / f"barrier-{len(pair)}")
+        outs = [work / f"pair-{len(pair)}-{i}.json" for i in range(len(binds))]
+        procs = [
+            _run(dtype, b, 1, batches, tokens, reps, o, barrier, 2) for b, o in zip(binds, outs, strict=True)
+        ]
+        rs = [_result(p, o) for p, o in zip(procs, outs, strict=True)]
         pair[f"{dtype} | {label}"] = [_summary(r["points"]) for r in rs]
     return {
         "machine": {
@@ -218,6 +229,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--barrier", default="")
     ap.add_argument("--peers", type=int, default=1)
+    ap.add_argument("--out", default="", help=argparse.SUPPRESS)
     ap.add_argument("--report-only", action="store_true", help="rewrite the .md from the committed JSON")
     args = ap.parse_args()
     if args.child:

@@ -117,7 +117,10 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     # with the ephemeral test settings: 300 workflows of the embedded corpus).
     up = LauncherSettings()
     t0 = time.monotonic()
-    dirs = ensure_artifacts(pool, state / "artifacts", up.bootstrap_workflows, up.seed, up.embedded_corpus)
+    # Synthetic only (real_folder=None): the loop starts from what a pool no real trace covers would have.
+    dirs = ensure_artifacts(
+        pool, state / "artifacts", up.bootstrap_workflows, up.seed, up.embedded_corpus, real_folder=None
+    )
     boot = {
         k: artifacts.current_version(d) for k, d in (("router", dirs.router), ("predictor", dirs.predictor))
     }

@@ -205,6 +205,7 @@ def profile_alone(setup: LiveSetup, redis_url: str) -> dict[str, str]:
             key_prefix=f"{KEY_PREFIX}profile{uuid.uuid4().hex[:8]}",
             pool_file=setup.pool_file,
             start_timeout_s=1800.0,
+            real_traces=None,  # the run's own artifacts serve (see serving_stack)
         )
         # Children inherit the affinity: the worker (and the engine process it spawns) profile on the
         # engine's own core, as they will run; router, predictor and dispatcher sit idle meanwhile.
@@ -319,6 +320,9 @@ def serving_stack(
         key_prefix=prefix,
         pool_file=setup.pool_file,
         start_timeout_s=1800.0,
+        # The artifacts in the state folder are the run's own (trained or bootstrapped by the benchmark);
+        # the launcher must not retrain them from the committed real traces.
+        real_traces=None,
     )
     preload_profiles(redis_url, prefix, setup.state_dir)
     # The admission bound off, as in the eval passes: a pinned first stage is never refused or browned out.
