@@ -33,18 +33,16 @@ from services.common.keys import EngineField
 from services.common.queue import QueueStore
 from services.common.startup import NoStartupReport, Phase, StartupSink
 from services.common.types import ClaimedRequest, EngineProfile
-from services.worker import leases, records, registration
+from services.worker import leases, registration
 from services.worker.engine.base import (
     Engine,
     EngineDeadError,
-    EngineOutput,
-    EngineRequestError,
-    EngineUnavailableError,
 )
 from services.worker.metrics import WorkerMetrics
 from services.worker.options import Job, WorkerOptions
 from services.worker.publisher import DeltaPublisher
 from services.worker.refine import ProfileRefiner
+from services.worker.running import JobRunner
 
 __all__ = ["Worker", "WorkerOptions"]  # WorkerOptions lives in options.py; callers import it from here too
 
@@ -79,15 +77,21 @@ class Worker:
         self._orphans: list[Job] = []
         self._marking: asyncio.Task[None] | None = None
         self._deltas = DeltaPublisher(queue, opts.engine_id, opts.publish_interval_s, opts.publish_chars)
+        self._jobs = JobRunner(
+            queue, engine, self._deltas, self._m, opts, self._abort, self._died_under, self._probe
+        )
         self._startup = startup or NoStartupReport()
         self._idle_since = time.monotonic()  # when it last held nothing; what profile refinement waits on
         self.claimed_total = 0
-        self.completed_total = 0
 
     @property
     def limit(self) -> int:
         """Most claims held at once: the engine's batch plus the prefetch."""
         return self._engine.max_num_seqs + self._o.prefetch
+
+    @property
+    def completed_total(self) -> int:
+        return self._jobs.completed
 
     def held(self) -> int:
         return len(self._held)
@@ -289,102 +293,22 @@ class Worker:
         return left
 
     async def _run_job(self, job: Job) -> None:
-        c = job.claimed
-        req = c.request
         try:
-            if req.deadline_unix is not None and time.time() > req.deadline_unix:
-                late = time.time() - req.deadline_unix
-                await self._q.fail(
-                    c, "DEADLINE_EXCEEDED", f"deadline passed {late:.3f} s before it could start"
-                )
-                self._m.ended("deadline_exceeded")
-                return
-            t0 = time.time()
-            try:
-                async with asyncio.timeout(self._o.max_run_s):
-                    final, text = await self._generate(job)
-            except TimeoutError:
-                await self._abort(job)
-                await self._q.fail(c, "DEADLINE_EXCEEDED", f"ran longer than {self._o.max_run_s:g} s")
-                self._m.ended("deadline_exceeded")
-                return
-            run_s = time.time() - t0
-            if job.lost:
-                log.info("request %s: lease lost, dropped", job.key)
-                self._m.ended("lost")
-                return
-            job.finishing = True
-            await self._complete(job, final, text, run_s)
-        except EngineDeadError as exc:
-            log.error("engine died while running %s: %s", job.key, exc)
-            self._orphans.append(job)
-            self._die(str(exc))
-        except EngineRequestError as exc:
-            log.warning("engine refused %s: %s", job.key, exc)
-            self._m.ended("failed")
-            with contextlib.suppress(RedisError):
-                await self._q.fail(c, "INVALID_ARGUMENT", str(exc))
-        except EngineUnavailableError as exc:
-            log.warning("engine could not serve %s: %s", job.key, exc)
-            self._m.engine_error("request")
-            self._m.ended("failed")
-            with contextlib.suppress(RedisError):
-                await self._q.fail(c, "UNAVAILABLE", str(exc))
-            await self._probe()
-        except Exception as exc:
-            log.exception("request %s failed", job.key)
-            self._m.engine_error("request")
-            self._m.ended("failed")
-            with contextlib.suppress(RedisError):
-                await self._q.fail(c, "INTERNAL", f"{type(exc).__name__}: {exc}")
-            await self._probe()  # an error that is not the request's may be the engine's death
+            await self._jobs.run(job)
         finally:
-            self._held.pop(req.request_id, None)
+            self._held.pop(job.request_id, None)
             if not self._held:
                 self._idle_since = time.monotonic()
             self._slot_freed.set()
             self._occupancy()
 
+    def _died_under(self, job: Job, reason: str) -> None:
+        """The engine died while running ``job``: its claim goes back as the worker exits (``run``)."""
+        self._orphans.append(job)
+        self._die(reason)
+
     def _occupancy(self) -> None:
         self._m.occupancy(self._engine.running(), len(self._held))
-
-    async def _generate(self, job: Job) -> tuple[EngineOutput, str]:
-        """Run the request on the engine, its text going out through the publisher. Returns the final
-        output and the whole text."""
-        c = job.claimed
-        parts: list[str] = []
-        final: EngineOutput | None = None
-        job.started = True
-        async for out in self._engine.generate(c.request, job.key, c.predicted):
-            if final is not None:
-                continue
-            if (job.lost or job.cancel) and not job.aborted:
-                await self._abort(job)  # the renewal saw it before the engine knew the request
-            if out.text_delta:
-                self._deltas.add(job, out.text_delta)
-                if not parts:
-                    await self._deltas.flush(job)  # the first token at once: coalescing never delays it
-                parts.append(out.text_delta)
-            if out.finished:
-                final = out
-        if final is None:
-            raise RuntimeError("the engine's stream ended without a finished output")
-        return final, "".join(parts)  # its last deltas go out with its final event (_complete)
-
-    async def _complete(self, job: Job, final: EngineOutput, text: str, run_s: float) -> None:
-        c, engine_id, model = job.claimed, self._o.engine_id, self._engine.model
-        result = records.stage_result(final, text)
-        trace = records.trace_row(c, result, engine_id, model, run_s)
-        extra = records.final_extra(c, engine_id, model, run_s)
-        done = await self._deltas.flush_with(
-            job, lambda last: self._q.complete(c, result, trace, extra, last)
-        )
-        if done:
-            self.completed_total += 1
-            self._m.completed(result.finish_reason, run_s, result.completion_tokens)
-        else:
-            log.info("request %s: lease lost before completion, result dropped", job.key)
-            self._m.ended("lost")
 
     async def _abort(self, job: Job) -> None:
         job.aborted = True
