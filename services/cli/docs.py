@@ -1,4 +1,5 @@
-"""Documentation generated from the code: the README's key and knob tables, and each process's knob table.
+"""Documentation generated from the code: the README's key, knob and OpenAI-field tables, and each process's
+knob table.
 
 A generated section sits between ``<!-- NAME:start ... -->`` and ``<!-- NAME:end -->`` in a README; the text
 around it is written by hand. ``chimera docs --write`` rewrites every section of every README that carries
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from services.cli import knobs
 from services.common.keys import KeyDoc, Keys
+from services.dispatcher.openai_fields import compat_table
 
 _SECTION = re.compile(r"<!-- ([a-z]+):start")
 
@@ -75,6 +77,8 @@ def generated(path: Path, name: str, root: Path) -> str:
     """What section ``name`` of the README at ``path`` must hold."""
     if name == "keys":
         return key_table()
+    if name == "compat":
+        return compat_table()
     if name == "knobs":
         # The top-level README lists every service; a process's README (services/<process>/) only its own.
         return knobs.markdown() if path == root / "README.md" else knobs.service_markdown(path.parent.name)

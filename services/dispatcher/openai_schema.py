@@ -1,7 +1,8 @@
 """The OpenAI wire format the HTTP front door speaks: request models, response bodies, error bodies.
 
-Only what Chimera can honour is modelled; unknown fields are ignored (clients send many optional ones), but
-a field whose value Chimera would silently get wrong (``n`` > 1, non-text content) is refused.
+What Chimera honours is modelled; a field of OpenAI's API it cannot honour yet is declared too and refused
+by name unless it has its neutral value (services.dispatcher.openai_fields), as is a value Chimera would get
+wrong (``n`` > 1). Fields outside OpenAI's API are ignored, as OpenAI's server ignores them.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from services.dispatcher.handoff import Final
+from services.dispatcher.openai_fields import CHAT_REFUSED, SAMPLING_REFUSED, TEXT_REFUSED, check_refused
 from services.dispatcher.tenancy import client_id
 
 # Domain error code (a gRPC status name) -> (HTTP status, OpenAI error type). One table, used everywhere.
@@ -43,6 +45,16 @@ class ContentPart(_Lenient):
 class ChatMessageIn(_Lenient):
     role: str
     content: str | list[ContentPart] | None = None
+    # A tool-calling history cannot be rendered yet: refused by name rather than dropped.
+    tool_calls: Any = None
+    tool_call_id: Any = None
+
+    @field_validator("tool_calls", "tool_call_id", mode="before")
+    @classmethod
+    def _no_tool_history(cls, v: Any, info: ValidationInfo) -> Any:
+        if v is None or v == []:
+            return v
+        raise ValueError("tool calls in the history are not supported by Chimera yet")
 
 
 class StreamOptions(_Lenient):
@@ -52,7 +64,8 @@ class StreamOptions(_Lenient):
 class _GenerationRequest(_Lenient):
     model: str = Field(min_length=1, description='"auto" lets Chimera choose; a model name pins it')
     max_tokens: int | None = Field(default=None, ge=1)
-    # OpenAI's documented default; the gRPC API's default is 0 (greedy), a deliberate difference.
+    # OpenAI's documented default; the gRPC API's default is 0 (greedy), a deliberate difference. An explicit
+    # null means the default too, as OpenAI reads it.
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = Field(default=None, ge=0, lt=2**64)
@@ -61,6 +74,24 @@ class _GenerationRequest(_Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     metadata: dict[str, str] | None = None
+    top_k: Any = None
+    min_p: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    repetition_penalty: Any = None
+    logit_bias: Any = None
+
+    @field_validator("temperature", "top_p", mode="before")
+    @classmethod
+    def _null_is_default(cls, v: Any, info: ValidationInfo) -> Any:
+        assert info.field_name is not None
+        return cls.model_fields[info.field_name].default if v is None else v
+
+    @field_validator(*SAMPLING_REFUSED, mode="before")
+    @classmethod
+    def _sampling_refused(cls, v: Any, info: ValidationInfo) -> Any:
+        assert info.field_name is not None
+        return check_refused(SAMPLING_REFUSED, info.field_name, v)
 
     def stop_sequences(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -74,6 +105,23 @@ class _GenerationRequest(_Lenient):
 class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessageIn]
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: Any = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+    prediction: Any = None
+    audio: Any = None
+    modalities: Any = None
+
+    @field_validator(*CHAT_REFUSED, mode="before")
+    @classmethod
+    def _chat_refused(cls, v: Any, info: ValidationInfo) -> Any:
+        assert info.field_name is not None
+        return check_refused(CHAT_REFUSED, info.field_name, v)
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -81,6 +129,16 @@ class ChatCompletionRequest(_GenerationRequest):
 
 class CompletionRequest(_GenerationRequest):
     prompt: str | list[str]
+    logprobs: Any = None
+    echo: Any = None
+    best_of: Any = None
+    suffix: Any = None
+
+    @field_validator(*TEXT_REFUSED, mode="before")
+    @classmethod
+    def _text_refused(cls, v: Any, info: ValidationInfo) -> Any:
+        assert info.field_name is not None
+        return check_refused(TEXT_REFUSED, info.field_name, v)
 
     def token_limit(self) -> int | None:
         return self.max_tokens

@@ -1,0 +1,137 @@
+"""The OpenAI request fields the HTTP door knows but cannot honour yet, each refused by name.
+
+NOTE(no silent drops): a client that sets ``tools`` or ``response_format`` and gets plain text back has been
+lied to; one that gets a 400 naming the field knows at once. So every such field is declared on the request
+models (services.dispatcher.openai_schema) and accepted only at its neutral value (absent, null, or what
+OpenAI documents as its default: ``tool_choice: "none"``, ``presence_penalty: 0``, ``logprobs: false``, ...);
+any other value is a 400 whose ``param`` is the field. Unknown fields (not in OpenAI's API at all) are still
+ignored, as OpenAI's own server does. ``compat_table`` lists what each door does with every field, for the
+README (``chimera docs``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from services.dispatcher.validate import MAX_STOP_SEQUENCES
+
+
+def _none(v: Any) -> bool:
+    return v is None
+
+
+def _false(v: Any) -> bool:
+    return v is None or v is False
+
+
+def _zero(v: Any) -> bool:
+    return v is None or v == 0
+
+
+def _one(v: Any) -> bool:
+    return v is None or v == 1
+
+
+def _empty(v: Any) -> bool:
+    return v is None or v == [] or v == {}
+
+
+def _no_top_k(v: Any) -> bool:
+    return v is None or v in (0, -1)  # vLLM's "off"
+
+
+def _text_format(v: Any) -> bool:
+    return v is None or (isinstance(v, Mapping) and v.get("type") == "text")
+
+
+def _no_tool_choice(v: Any) -> bool:
+    return v is None or v == "none"
+
+
+def _text_only(v: Any) -> bool:
+    return v is None or v == ["text"]
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    neutral: Callable[[Any], bool]
+    accepts: str  # the neutral values, as the error message names them
+
+
+CHAT_REFUSED: Mapping[str, Refused] = {
+    "tools": Refused(_empty, "absent or []"),
+    "tool_choice": Refused(_no_tool_choice, 'absent or "none"'),
+    "functions": Refused(_empty, "absent"),
+    "function_call": Refused(lambda v: v is None or v == "none", 'absent or "none"'),
+    "response_format": Refused(_text_format, 'absent or {"type": "text"}'),
+    "logprobs": Refused(_false, "absent or false"),
+    "top_logprobs": Refused(_zero, "absent or 0"),
+    "prediction": Refused(_none, "absent"),
+    "audio": Refused(_none, "absent"),
+    "modalities": Refused(_text_only, 'absent or ["text"]'),
+}
+TEXT_REFUSED: Mapping[str, Refused] = {
+    "logprobs": Refused(_zero, "absent or 0"),
+    "echo": Refused(_false, "absent or false"),
+    "best_of": Refused(_one, "absent or 1"),
+    "suffix": Refused(_none, "absent"),
+}
+# Sampling fields vLLM has and Chimera does not pass on yet: both doors of the HTTP API.
+SAMPLING_REFUSED: Mapping[str, Refused] = {
+    "top_k": Refused(_no_top_k, "absent, 0 or -1"),
+    "min_p": Refused(_zero, "absent or 0"),
+    "presence_penalty": Refused(_zero, "absent or 0"),
+    "frequency_penalty": Refused(_zero, "absent or 0"),
+    "repetition_penalty": Refused(_one, "absent or 1"),
+    "logit_bias": Refused(_empty, "absent or {}"),
+}
+
+
+def check_refused(table: Mapping[str, Refused], name: str, value: Any) -> Any:
+    """``value`` if it is ``name``'s neutral value; else the ValueError that becomes a 400 naming it."""
+    rule = table[name]
+    if not rule.neutral(value):
+        raise ValueError(f"not supported by Chimera yet; only {rule.accepts} is accepted")
+    return value
+
+
+# Fields honoured, per endpoint, with what the door does with each (one line of the compatibility table).
+HONOURED: Mapping[str, tuple[str, str]] = {
+    "model": ("both", '"auto" lets Chimera choose; a served model name pins the workflow to it'),
+    "messages": (
+        "chat",
+        "system, user and assistant text (content parts of type text are joined); role tool is a 400",
+    ),
+    "prompt": ("text", "a string or a list of one string"),
+    "max_tokens": ("both", "the stage's token limit (`max_completion_tokens` too, on chat)"),
+    "temperature": ("both", "sampling temperature; null means the default (1.0)"),
+    "top_p": ("both", "nucleus sampling; null means the default (1.0)"),
+    "seed": ("both", "per-request sampling seed"),
+    "stop": ("both", f"up to {MAX_STOP_SEQUENCES} stop strings"),
+    "n": ("both", "1 only: a stage has one answer (n > 1 is a 400)"),
+    "stream": ("both", "server-sent events, one delta per relay chunk"),
+    "stream_options": ("both", "`include_usage` adds the usage chunk"),
+    "metadata": ("both", "`program_id`, `stage`, `workflow`: the workflow identity (headers win)"),
+    "parallel_tool_calls": ("chat", "accepted; without tools (refused, above) it has nothing to apply to"),
+}
+
+
+def compat_table() -> str:
+    """The README's table: every field the HTTP door knows, per endpoint, honoured or refused."""
+    rows = [f"| `{name}` | {where} | honoured | {what} |" for name, (where, what) in HONOURED.items()]
+    refused: dict[str, list[tuple[str, str]]] = {}
+    for where, table in (("chat", CHAT_REFUSED), ("text", TEXT_REFUSED), ("both", SAMPLING_REFUSED)):
+        for name, rule in table.items():
+            refused.setdefault(name, []).append((where, rule.accepts))
+    for name, places in refused.items():
+        where = " and ".join(w for w, _ in places) if len(places) > 1 else places[0][0]
+        accepts = "; ".join(f"{w}: {a}" if len(places) > 1 else a for w, a in places)
+        rows.append(f"| `{name}` | {where} | refused (400, `param` names it) | accepted only as {accepts} |")
+    rows.append(
+        "| `messages[].tool_calls`, `messages[].tool_call_id` | chat | refused (400, `param` names it) |"
+        " accepted only as absent or []: a tool-calling history cannot be rendered yet |"
+    )
+    header = ["| field | endpoint | Chimera | what it does |", "|---|---|---|---|"]
+    return "\n".join(header + rows)
