@@ -14,7 +14,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from services.dispatcher.handoff import Final
-from services.dispatcher.openai_fields import CHAT_REFUSED, SAMPLING_REFUSED, TEXT_REFUSED, check_refused
+from services.dispatcher.openai_fields import (
+    CHAT_REFUSED,
+    SAMPLING_REFUSED,
+    TEXT_REFUSED,
+    Refused,
+    check_refused,
+)
 from services.dispatcher.tenancy import client_id
 
 # Domain error code (a gRPC status name) -> (HTTP status, OpenAI error type). One table, used everywhere.
@@ -31,6 +37,16 @@ HTTP_ERRORS: Mapping[str, tuple[int, str]] = {
     "CANCELLED": (499, "cancelled_error"),
     "INTERNAL": (500, "server_error"),
 }
+
+
+def _refusing(table: Mapping[str, Refused]) -> Any:
+    """A validator of every field in ``table``: its value if neutral, else a 400 naming the field."""
+
+    def check(cls: Any, v: Any, info: ValidationInfo) -> Any:
+        assert info.field_name is not None
+        return check_refused(table, info.field_name, v)
+
+    return field_validator(*table, mode="before")(check)
 
 
 class _Lenient(BaseModel):
@@ -87,11 +103,7 @@ class _GenerationRequest(_Lenient):
         assert info.field_name is not None
         return cls.model_fields[info.field_name].default if v is None else v
 
-    @field_validator(*SAMPLING_REFUSED, mode="before")
-    @classmethod
-    def _sampling_refused(cls, v: Any, info: ValidationInfo) -> Any:
-        assert info.field_name is not None
-        return check_refused(SAMPLING_REFUSED, info.field_name, v)
+    _sampling_refused = _refusing(SAMPLING_REFUSED)
 
     def stop_sequences(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -117,11 +129,7 @@ class ChatCompletionRequest(_GenerationRequest):
     audio: Any = None
     modalities: Any = None
 
-    @field_validator(*CHAT_REFUSED, mode="before")
-    @classmethod
-    def _chat_refused(cls, v: Any, info: ValidationInfo) -> Any:
-        assert info.field_name is not None
-        return check_refused(CHAT_REFUSED, info.field_name, v)
+    _chat_refused = _refusing(CHAT_REFUSED)
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -134,11 +142,7 @@ class CompletionRequest(_GenerationRequest):
     best_of: Any = None
     suffix: Any = None
 
-    @field_validator(*TEXT_REFUSED, mode="before")
-    @classmethod
-    def _text_refused(cls, v: Any, info: ValidationInfo) -> Any:
-        assert info.field_name is not None
-        return check_refused(TEXT_REFUSED, info.field_name, v)
+    _text_refused = _refusing(TEXT_REFUSED)
 
     def token_limit(self) -> int | None:
         return self.max_tokens
