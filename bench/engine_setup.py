@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.markdown import table
+from services.worker.engine.machine import choose_dtype, cpu_flags
 
 RESULTS = Path(__file__).parent / "results"
 # Measured on an AVX2-only machine of this project's kind (Qwen2.5-Coder-0.5B, one core, offline LLM), as
@@ -89,7 +90,6 @@ def _barrier(path: str | None, peers: int, name: str, timeout_s: float = 600.0) 
 def _run(
     dtype: str,
     bind: str,
-    threads: int,
     batches: list[int],
     tokens: int,
     reps: int,
@@ -100,7 +100,7 @@ def _run(
     env = {
         **os.environ,
         "VLLM_CPU_OMP_THREADS_BIND": bind,
-        "OMP_NUM_THREADS": str(threads),
+        "OMP_NUM_THREADS": "1",  # one core per engine, bound or not
         "VLLM_CPU_KVCACHE_SPACE": "1",
     }
     cmd = [sys.executable, "-m", "bench.engine_setup", "--child", "--dtype", dtype, "--tokens", str(tokens)]
@@ -140,10 +140,10 @@ def _measure(work: Path, tokens: int, reps: int, batches: list[int]) -> dict[str
         for label, bind in (("bound one core", str(first)), ("one unbound thread", "nobind")):
             print(f"alone: {dtype}, {label}", file=sys.stderr, flush=True)
             out = work / f"alone-{len(alone)}.json"
-            r = _result(_run(dtype, bind, 1, batches, tokens, reps, out), out)
+            r = _result(_run(dtype, bind, batches, tokens, reps, out), out)
             alone[f"{dtype} | {label}"] = {"load_s": r["load_s"], "tok_s": _summary(r["points"])}
     pair: dict[str, Any] = {}
-    dtype = "float32" if "avx512_bf16" not in _flags() else "bfloat16"
+    dtype = choose_dtype("auto", on_cpu=True, flags=frozenset(_flags()))  # what the workers run in here
     for label, binds in (
         ("bound, a core each", (str(first), str(second))),
         ("unbound", ("nobind", "nobind")),
@@ -152,7 +152,7 @@ def _measure(work: Path, tokens: int, reps: int, batches: list[int]) -> dict[str
         barrier = str(work / f"barrier-{len(pair)}")
         outs = [work / f"pair-{len(pair)}-{i}.json" for i in range(len(binds))]
         procs = [
-            _run(dtype, b, 1, batches, tokens, reps, o, barrier, 2) for b, o in zip(binds, outs, strict=True)
+            _run(dtype, b, batches, tokens, reps, o, barrier, 2) for b, o in zip(binds, outs, strict=True)
         ]
         rs = [_result(p, o) for p, o in zip(procs, outs, strict=True)]
         pair[f"{dtype} | {label}"] = [_summary(r["points"]) for r in rs]
@@ -175,8 +175,6 @@ _NOTABLE = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni"}
 
 
 def _flags() -> set[str]:
-    from services.worker.engine.machine import cpu_flags
-
     return set(cpu_flags())
 
 

@@ -73,9 +73,9 @@ class PhaseRecorder:
         assert self._child.progress is not None
         while not self._stop.is_set():
             state = self._child.progress()
-            if state is not None and state.updated_ms / 1000 >= self._child.started_unix - 1:
-                if not self.phases or self.phases[-1] != state.phase:
-                    self.phases.append(state.phase)
+            fresh = state is not None and state.written_since(self._child.started_unix)
+            if fresh and state is not None and self.phases[-1:] != [state.phase]:
+                self.phases.append(state.phase)
             time.sleep(0.05)
 
 
@@ -120,8 +120,8 @@ def _freeze_when_loading(child: Child, timeout_s: float = 120.0) -> None:
     assert child.progress is not None
     while time.monotonic() < deadline:
         state = child.progress()
-        fresh = state is not None and state.updated_ms / 1000 >= child.started_unix - 1
-        if fresh and state is not None and state.phase == Phase.LOADING and child.proc is not None:
+        if state is not None and state.written_since(child.started_unix) and state.phase == Phase.LOADING:
+            assert child.proc is not None
             os.kill(child.proc.pid, signal.SIGSTOP)
             return
         time.sleep(0.05)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -111,12 +110,9 @@ def demo(
         wf = get_workflow(workflow)
     except UnknownWorkflow as exc:
         raise typer.BadParameter(str(exc), param_hint="--workflow") from None
-    if policy is not None:
-        if policy not in POLICIES:
-            raise typer.BadParameter(f"unknown policy; known: {sorted(POLICIES)}", param_hint="--policy")
-        os.environ["CHIMERA_DISPATCHER_POLICY"] = policy  # the dispatcher child inherits these
-    if tau is not None:
-        os.environ["CHIMERA_DISPATCHER_TAU"] = str(tau)
+    if policy is not None and policy not in POLICIES:
+        raise typer.BadParameter(f"unknown policy; known: {sorted(POLICIES)}", param_hint="--policy")
+    overrides: dict[str, Any] = {k: v for k, v in (("policy", policy), ("tau", tau)) if v is not None}
     corpus = load_corpus()
     console.print(f"corpus: {len(corpus.problems)} problems from {corpus.origin} {corpus.counts()}")
     key = load_answer_key()
@@ -127,12 +123,13 @@ def demo(
         f"tasks: {len(tasks)} HumanEval problems as {wf.name}, none of them in the real traces the router"
         f" learnt from; {max_tokens} tokens per stage"
     )
-    chosen = DispatcherSettings()
+    chosen = DispatcherSettings(**overrides)  # what the dispatcher child will run with
     console.print(
         f"Chimera's policy: {chosen.policy}, tau {chosen.tau:g} (latency slack), delta {chosen.delta_s:g}"
         " (confidence margin)"
     )
-    with running_stack(settings) as stack:
+    dispatcher_env = {f"CHIMERA_DISPATCHER_{k.upper()}": str(v) for k, v in overrides.items()}
+    with running_stack(settings, dispatcher_env=dispatcher_env) as stack:
         console.print(f"stack up: engines {[f'{e.id} ({e.model})' for e in stack.pool.engines]}")
         models = list(dict.fromkeys(e.model for e in stack.pool.engines))
         arms = arms_for(models if compare else [])

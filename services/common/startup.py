@@ -49,6 +49,11 @@ class StartupState:
     updated_ms: int = 0  # when this report was written
     worker_id: str = ""
 
+    def written_since(self, started_unix: float) -> bool:
+        """Whether this report belongs to a start that began at ``started_unix`` (wall clock): a record an
+        earlier start left says nothing about this one. A second of slack covers clock reads racing."""
+        return self.updated_ms / 1000.0 >= started_unix - 1.0
+
     def describe(self) -> str:
         """``converting SmolLM2 (12 s)``-style text for a console line or a health answer."""
         text = self.phase + (f" {self.detail}" if self.detail else "")

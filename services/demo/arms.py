@@ -25,7 +25,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from services.common.tracestore import read_traces_jsonl
+from services.common.tracestore import read_trace_folder
 from services.demo.client import WorkflowRun, run_workflows
 from services.demo.report import done_line, print_queue_snapshot
 from services.launcher.stack import Stack
@@ -46,13 +46,8 @@ def seen_problems(folder: Path | None) -> set[str]:
     """Problem ids the real traces in ``folder`` hold (``extra.problem_id`` of their rows)."""
     if folder is None or not folder.is_dir():
         return set()
-    ids = set()
-    for path in sorted(folder.glob("traces*.jsonl")):
-        for row in read_traces_jsonl(path):
-            pid = (row.extra or {}).get("problem_id")
-            if pid:
-                ids.add(str(pid))
-    return ids
+    traces, _ = read_trace_folder(folder)
+    return {str(t.extra["problem_id"]) for t in traces if t.extra.get("problem_id")}
 
 
 def demo_tasks(

@@ -67,7 +67,7 @@ class ChatMessageIn(_Lenient):
 
     @field_validator("tool_calls", "tool_call_id", mode="before")
     @classmethod
-    def _no_tool_history(cls, v: Any, info: ValidationInfo) -> Any:
+    def _no_tool_history(cls, v: Any) -> Any:
         if v is None or v == []:
             return v
         raise ValueError("tool calls in the history are not supported by Chimera yet")

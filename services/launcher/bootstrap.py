@@ -102,7 +102,6 @@ def ensure_artifacts(
     if _current(dirs, pool, root, (real, synthetic)):
         return dirs
     if synthetic:
-        traces, outcomes = [*traces], [*outcomes]
         corpus = embedded_corpus() if embedded else load_corpus()
         binds = bindings(pool, set(synthetic))
         outcome_model = OutcomeModel(corpus.problems, models=[b.stand_in for b in binds])

@@ -214,7 +214,7 @@ class StartWatch:
         now = time.monotonic()
         state = c.progress()
         # A record left by an earlier start (or another process) says nothing about this one.
-        if state is not None and state.updated_ms / 1000.0 < c.started_unix - 1.0:
+        if state is not None and not state.written_since(c.started_unix):
             state = None
         if state is not None and state != self._last:
             self._last, self._moved = state, now
