@@ -47,9 +47,18 @@ def _env_name(cls: type[BaseSettings], name: str) -> str:
     return f"{prefix}{name}".upper()
 
 
+# The checkout the settings modules were imported from: defaults inside it are shown relative to it.
+_REPOSITORY = Path(__file__).resolve().parents[2]
+
+
 def _show(value: object) -> str:
-    # Defaults built from the home folder are shown machine-independently.
-    return "" if value is None else str(value).replace(str(Path.home()), "~")
+    # Defaults built from the checkout or the home folder are shown machine-independently.
+    if value is None:
+        return ""
+    text = str(value)
+    if isinstance(value, Path) and value.is_relative_to(_REPOSITORY):
+        return str(value.relative_to(_REPOSITORY))
+    return text.replace(str(Path.home()), "~")
 
 
 def knobs() -> Iterator[Knob]:
