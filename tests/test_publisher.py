@@ -12,6 +12,7 @@ from typing import Any, cast
 import pytest
 
 from services.common.queue import QueueStore
+from services.common.queue import DeltaItem
 from services.worker.publisher import DeltaPublisher
 
 pytestmark = pytest.mark.unit
@@ -47,11 +48,11 @@ async def test_a_request_flushed_alone_leaves_the_others_for_the_shared_flush() 
     pub.add(a, "a2")
     pub.add(gone, "x")
     await pub.flush(a)
-    assert store.calls == [[("a", 1, "a1a2", 4)]]
+    assert store.calls == [[DeltaItem("a", 1, "a1a2", 4)]]
     pub.add(a, "a3")
     await pub.flush()
     # A stale attempt writes nothing; each delta says where its request's text ends with it.
-    assert store.calls[1] == [("b", 1, "b1", 2), ("a", 1, "a3", 6)]
+    assert store.calls[1] == [DeltaItem("b", 1, "b1", 2), DeltaItem("a", 1, "a3", 6)]
     await pub.flush(b)
     await pub.flush()
     assert len(store.calls) == 2  # nothing was left to send
@@ -80,7 +81,7 @@ async def test_a_completion_takes_its_requests_pending_text_and_waits_for_a_flus
 
     async def complete(deltas: list[tuple[str, int, str, int]]) -> bool:
         order.append("complete")
-        assert deltas == [("a", 1, "a2", 4)]  # a's text alone, its end after the flush's a1
+        assert deltas == [DeltaItem("a", 1, "a2", 4)]  # a's text alone, its end after the flush's a1
         return True
 
     completing = asyncio.create_task(pub.flush_with(a, complete))

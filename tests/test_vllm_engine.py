@@ -70,7 +70,7 @@ async def test_chat_produces_text_with_engine_token_counts(engine: VllmEngine) -
     text, final = await _collect(engine.generate(req, "r1#1", priority=0))
     assert text
     # The prompt count is the engine's: the chat template rendered by the model's own tokenizer.
-    assert final.prompt_tokens == len(engine.prompt_ids(req.messages)) > 10
+    assert final.prompt_tokens == len(engine.prompt_ids(req)) > 10
     assert final.finish_reason in ("length", "stop")
     if final.finish_reason == "length":
         assert final.completion_tokens == 12
@@ -228,7 +228,7 @@ async def test_worker_serves_the_redis_queue_on_the_real_engine(
             final = evs[-1]
             assert final["t"] == "final", final
             assert final["text"] == "".join(e["text"] for e in evs[:-1])
-            assert final["prompt_tokens"] == len(engine.prompt_ids(_req(rid).messages))
+            assert final["prompt_tokens"] == len(engine.prompt_ids(_req(rid)))
             assert 1 <= final["completion_tokens"] <= 10
         assert await r.zcard(keys.claims("ev")) == 0
         assert engine.running() == 0

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from dataclasses import asdict
+from typing import Any, NamedTuple, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -19,6 +20,7 @@ from redis.typing import EncodableT, KeyT, StreamIdT
 
 from services.common import program_scripts as program_lua
 from services.common import queue_scripts as lua
+from services.common.chat import ToolCallPiece
 from services.common.keys import Keys, RequestField
 from services.common.pipelined_scripts import evalsha, run_scripted
 from services.common.queue_records import (
@@ -38,8 +40,23 @@ from services.common.types import ClaimedRequest, Prediction, StageRequest, Stag
 
 # Deltas per PUBLISH call (publish_deltas).
 _PUBLISH_ITEMS = 64
-# One delta to publish: request id, attempt, text, the attempt's text length with it.
-DeltaItem = tuple[str, int, str, int]
+
+
+class DeltaItem(NamedTuple):
+    """One delta to publish. ``end`` is where it ends in the attempt's output so far (characters of its
+    text and of its tool calls' names and arguments): PUBLISH drops a delta that is already in by it."""
+
+    request_id: str
+    attempt: int
+    text: str
+    end: int
+    tool_calls: tuple[ToolCallPiece, ...] = ()
+
+
+def delta_event(attempt: int, text: str, tool_calls: Sequence[ToolCallPiece] = ()) -> str:
+    if tool_calls:
+        return event_json(t="delta", a=attempt, text=text, tc=[p.wire() for p in tool_calls])
+    return event_json(t="delta", a=attempt, text=text)
 
 
 class QueueStore:
@@ -215,7 +232,7 @@ class QueueStore:
     async def publish_delta(self, engine: str, request_id: str, attempt: int, text: str, end: int) -> bool:
         """One delta (see ``publish_deltas``); False if the attempt no longer holds the request or the
         delta is already in."""
-        return (await self.publish_deltas(engine, [(request_id, attempt, text, end)]))[0]
+        return (await self.publish_deltas(engine, [DeltaItem(request_id, attempt, text, end)]))[0]
 
     async def publish_deltas(self, engine: str, items: Sequence[DeltaItem]) -> list[bool]:
         """Append one delta each to requests' output streams, (request id, attempt, text, the attempt's
@@ -231,10 +248,12 @@ class QueueStore:
         for i in range(0, len(items), _PUBLISH_ITEMS):
             keys: list[KeyT] = [k.notify(engine)]
             args: list[EncodableT] = [r.stream_maxlen, r.queue_ttl_s, r.notify_maxlen]
-            for rid, attempt, text, end in items[i : i + _PUBLISH_ITEMS]:
-                keys += (k.output(engine, rid), k.request(engine, rid))
-                note_head = f"[{json.dumps(rid)},"
-                args += (rid, event_json(t="delta", a=attempt, text=text), attempt, end, note_head)
+            for item in items[i : i + _PUBLISH_ITEMS]:
+                d = DeltaItem(*item)
+                keys += (k.output(engine, d.request_id), k.request(engine, d.request_id))
+                note_head = f"[{json.dumps(d.request_id)},"
+                event = delta_event(d.attempt, d.text, d.tool_calls)
+                args += (d.request_id, event, d.attempt, d.end, note_head)
             evalsha(pipe, self._publish, keys, args)
 
     async def complete(
@@ -257,6 +276,7 @@ class QueueStore:
             finish_reason=result.finish_reason,
             prompt_tokens=result.prompt_tokens,
             completion_tokens=result.completion_tokens,
+            **({"tool_calls": [asdict(c) for c in result.tool_calls]} if result.tool_calls else {}),
             **(extra or {}),
         )
         # The program's attained service (what MLFQ orders by): once per completed stage, by the one attempt

@@ -10,14 +10,24 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-Role = Literal["system", "user", "assistant"]
-ROLES: frozenset[str] = frozenset({"system", "user", "assistant"})
+from services.common.chat import ResponseFormat, ToolCall, ToolUse, tool_calls_of
+
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
 
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
     role: str
     content: str
+    # An assistant turn's calls, and the call a "tool" turn answers: a tool-calling history as it goes back.
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    name: str = ""
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> ChatMessage:
+        return ChatMessage(**{**d, "tool_calls": tool_calls_of(d.get("tool_calls"))})
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +37,12 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # vLLM's own neutral values: 0 turns top-k off, 1.0 is no repetition penalty.
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +64,8 @@ class StageRequest:
     # The workflow ends with this stage (an HTTP request without a program): all that remains of it is this
     # stage's output, so its predicted remaining tokens are at most max_tokens.
     last_stage: bool = False
+    tool_use: ToolUse | None = None
+    response_format: ResponseFormat | None = None
 
     def system_text(self) -> str:
         return "\n".join(m.content for m in self.messages if m.role == "system")
@@ -66,10 +84,14 @@ class StageRequest:
     @staticmethod
     def from_json(raw: str | bytes) -> StageRequest:
         d = json.loads(raw)
-        d["messages"] = tuple(ChatMessage(**m) for m in d["messages"])
+        d["messages"] = tuple(ChatMessage.from_dict(m) for m in d["messages"])
         s = d["sampling"]
         s["stop"] = tuple(s.get("stop", ()))
         d["sampling"] = SamplingParams(**s)
+        if d.get("tool_use") is not None:
+            d["tool_use"] = ToolUse.from_dict(d["tool_use"])
+        if d.get("response_format") is not None:
+            d["response_format"] = ResponseFormat(**d["response_format"])
         return StageRequest(**d)
 
 
@@ -175,9 +197,10 @@ class StageResult:
     """What an engine produced for one request."""
 
     text: str
-    finish_reason: str  # "stop" | "length" | "cancelled"
+    finish_reason: str  # "stop" | "length" | "cancelled" | "tool_calls"
     prompt_tokens: int
     completion_tokens: int
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

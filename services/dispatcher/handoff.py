@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from services.common.chat import ToolCall, ToolCallPiece
 from services.common.types import DispatchTimings, Prediction, StageRequest
 
 
@@ -45,6 +46,7 @@ class Dispatched:
 class Delta:
     text: str
     attempt: int
+    tool_calls: tuple[ToolCallPiece, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,7 @@ class Final:
     dispatch_ms: float
     timings: DispatchTimings = DispatchTimings()
     browned_out_from: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 StreamItem = Delta | Final

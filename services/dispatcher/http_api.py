@@ -56,6 +56,7 @@ from services.dispatcher.openai_schema import (
     domain_error,
     error_body,
 )
+from services.dispatcher.sse_calls import CallsSent
 from services.dispatcher.tenancy import client_id, scoped
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,13 @@ class OpenAIFrontDoor:
             request_id=ident.request_id,
             timeout_ms=ident.timeout_ms,
             last_stage=ident.one_shot,
+            top_k=body.top_k,
+            min_p=body.min_p,
+            presence_penalty=body.presence_penalty,
+            frequency_penalty=body.frequency_penalty,
+            repetition_penalty=body.repetition_penalty,
+            tool_use=body.tool_use() if isinstance(body, ChatCompletionRequest) else None,
+            response_format=body.format() if isinstance(body, ChatCompletionRequest) else None,
         )
         program_id = scoped(tenant, ident.program_id)
         try:
@@ -187,18 +195,24 @@ class OpenAIFrontDoor:
         self, kind: Kind, d: Dispatched, ident: Identity, include_usage: bool
     ) -> AsyncIterator[str]:
         rid, model, created = client_id(d.request.request_id), d.model, int(time.time())
-        sent, first_attempt = "", 0
+        sent, first_attempt, calls = "", 0, CallsSent()
         try:
             if kind == "chat":
                 yield _sse(chunk_body(kind, rid, model, created, text="", role=True))
             async for item in self._d.stream(d):
                 if isinstance(item, Delta):
                     first_attempt = first_attempt or item.attempt
-                    if item.attempt == first_attempt and item.text:
+                    if item.attempt != first_attempt:
+                        continue
+                    if item.text:
                         sent += item.text
                         yield _sse(chunk_body(kind, rid, model, created, text=item.text))
+                    if item.tool_calls:
+                        calls.note(item.tool_calls)
+                        yield _sse(chunk_body(kind, rid, model, created, tool_calls=item.tool_calls))
                     continue
-                if not item.text.startswith(sent):
+                rest_calls = calls.rest(item.tool_calls)
+                if not item.text.startswith(sent) or rest_calls is None:
                     log.warning("request %s was re-run and diverged from its streamed text", rid)
                     yield _sse(
                         error_body(
@@ -208,6 +222,8 @@ class OpenAIFrontDoor:
                         )
                     )
                     return
+                if rest_calls:
+                    yield _sse(chunk_body(kind, rid, model, created, tool_calls=rest_calls))
                 rest = item.text[len(sent) :]
                 yield _sse(chunk_body(kind, rid, model, created, text=rest, finish_reason=item.finish_reason))
                 if include_usage:

@@ -22,6 +22,7 @@ from fastapi import HTTPException
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.common.chat import ToolCall
 from services.common.types import ChatMessage
 from services.dispatcher.door import DoorGate
 from services.dispatcher.errors import InvalidRequest, Overloaded, RequestTooLarge
@@ -178,8 +179,10 @@ def chat_messages(body: ChatCompletionRequest) -> tuple[ChatMessage, ...]:
             if any(p.type != "text" for p in m.content):
                 raise InvalidRequest(f"messages[{i}].content: only text parts are supported")
             text = "".join(p.text or "" for p in m.content)
+        calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or ())
         # "developer" is OpenAI's newer name for the system role.
-        out.append(ChatMessage("system" if m.role == "developer" else m.role, text))
+        role = "system" if m.role == "developer" else m.role
+        out.append(ChatMessage(role, text, calls, m.tool_call_id or "", m.name or ""))
     return tuple(out)
 
 

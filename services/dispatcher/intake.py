@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from services.common.chat import ResponseFormat, ToolUse
 from services.common.keys import ProgramField
 from services.common.types import ChatMessage, SamplingParams, StageRequest
 from services.dispatcher.config import DispatcherSettings
@@ -45,6 +46,13 @@ class Intake:
     request_id: str = ""  # "": a fresh id
     timeout_ms: int = 0  # 0: no deadline
     last_stage: bool = False  # the workflow ends with this stage (StageRequest.last_stage)
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    tool_use: ToolUse | None = None
+    response_format: ResponseFormat | None = None
 
 
 def next_stage(program: Mapping[str, str]) -> int:
@@ -77,11 +85,18 @@ def stage_request(intake: Intake, stage: int, settings: DispatcherSettings, now:
             top_p=intake.top_p,
             seed=intake.seed if intake.seed is not None else request_seed(request_id),
             stop=intake.stop,
+            top_k=intake.top_k,
+            min_p=intake.min_p,
+            presence_penalty=intake.presence_penalty,
+            frequency_penalty=intake.frequency_penalty,
+            repetition_penalty=intake.repetition_penalty,
         ),
         model_pin=None if model in ("", AUTO_MODEL) else model,
         deadline_unix=now + intake.timeout_ms / 1000.0 if intake.timeout_ms else None,
         received_unix=now,
         last_stage=intake.last_stage,
+        tool_use=intake.tool_use,
+        response_format=intake.response_format,
     )
 
 

@@ -38,18 +38,6 @@ def _empty(v: Any) -> bool:
     return v is None or v == [] or v == {}
 
 
-def _no_top_k(v: Any) -> bool:
-    return v is None or v in (0, -1)  # vLLM's "off"
-
-
-def _text_format(v: Any) -> bool:
-    return v is None or (isinstance(v, Mapping) and v.get("type") == "text")
-
-
-def _no_tool_choice(v: Any) -> bool:
-    return v is None or v == "none"
-
-
 def _text_only(v: Any) -> bool:
     return v is None or v == ["text"]
 
@@ -61,11 +49,8 @@ class Refused:
 
 
 CHAT_REFUSED: Mapping[str, Refused] = {
-    "tools": Refused(_empty, "absent or []"),
-    "tool_choice": Refused(_no_tool_choice, 'absent or "none"'),
     "functions": Refused(_empty, "absent"),
     "function_call": Refused(lambda v: v is None or v == "none", 'absent or "none"'),
-    "response_format": Refused(_text_format, 'absent or {"type": "text"}'),
     "logprobs": Refused(_false, "absent or false"),
     "top_logprobs": Refused(_zero, "absent or 0"),
     "prediction": Refused(_none, "absent"),
@@ -78,13 +63,8 @@ TEXT_REFUSED: Mapping[str, Refused] = {
     "best_of": Refused(_one, "absent or 1"),
     "suffix": Refused(_none, "absent"),
 }
-# Sampling fields vLLM has and Chimera does not pass on yet: both doors of the HTTP API.
+# Sampling fields vLLM has and Chimera does not pass on yet: both endpoints of the HTTP API.
 SAMPLING_REFUSED: Mapping[str, Refused] = {
-    "top_k": Refused(_no_top_k, "absent, 0 or -1"),
-    "min_p": Refused(_zero, "absent or 0"),
-    "presence_penalty": Refused(_zero, "absent or 0"),
-    "frequency_penalty": Refused(_zero, "absent or 0"),
-    "repetition_penalty": Refused(_one, "absent or 1"),
     "logit_bias": Refused(_empty, "absent or {}"),
 }
 
@@ -102,19 +82,36 @@ HONOURED: Mapping[str, tuple[str, str]] = {
     "model": ("both", '"auto" lets Chimera choose; a served model name pins the workflow to it'),
     "messages": (
         "chat",
-        "system, user and assistant text (content parts of type text are joined); role tool is a 400",
+        "system (and developer), user, assistant and tool turns; text content parts are joined; an"
+        " assistant turn's `tool_calls` and a tool turn's `tool_call_id` go to the chat template",
     ),
     "prompt": ("text", "a string or a list of one string"),
     "max_tokens": ("both", "the stage's token limit (`max_completion_tokens` too, on chat)"),
     "temperature": ("both", "sampling temperature; null means the default (1.0)"),
     "top_p": ("both", "nucleus sampling; null means the default (1.0)"),
+    "top_k": ("both", "vLLM's top-k; 0 or -1 (and null) is off"),
+    "min_p": ("both", "vLLM's min-p; null means 0"),
+    "presence_penalty": ("both", "in [-2, 2]; null means 0"),
+    "frequency_penalty": ("both", "in [-2, 2]; null means 0"),
+    "repetition_penalty": ("both", "vLLM's, in (0, 2]; null means 1"),
     "seed": ("both", "per-request sampling seed"),
     "stop": ("both", f"up to {MAX_STOP_SEQUENCES} stop strings"),
     "n": ("both", "1 only: a stage has one answer (n > 1 is a 400)"),
-    "stream": ("both", "server-sent events, one delta per relay chunk"),
+    "stream": ("both", "server-sent events, one delta per relay chunk; tool-call pieces stream as deltas"),
     "stream_options": ("both", "`include_usage` adds the usage chunk"),
     "metadata": ("both", "`program_id`, `stage`, `workflow`: the workflow identity (headers win)"),
-    "parallel_tool_calls": ("chat", "accepted; without tools (refused, above) it has nothing to apply to"),
+    "tools": (
+        "chat",
+        "function tools: rendered by the model's chat template, calls read back by the engine's vLLM tool"
+        " parser (`tool_parser` in the pool file); an engine without one answers a 400",
+    ),
+    "tool_choice": (
+        "chat",
+        '"auto", "none", "required" or a named function; required and named are enforced by vLLM\'s'
+        " structured outputs, as `vllm serve` enforces them",
+    ),
+    "parallel_tool_calls": ("chat", "passed to vLLM (false: at most one call)"),
+    "response_format": ("chat", '"text", "json_object", "json_schema" (strict too): vLLM structured outputs'),
 }
 
 
@@ -129,9 +126,5 @@ def compat_table() -> str:
         where = " and ".join(w for w, _ in places) if len(places) > 1 else places[0][0]
         accepts = "; ".join(f"{w}: {a}" if len(places) > 1 else a for w, a in places)
         rows.append(f"| `{name}` | {where} | refused (400, `param` names it) | accepted only as {accepts} |")
-    rows.append(
-        "| `messages[].tool_calls`, `messages[].tool_call_id` | chat | refused (400, `param` names it) |"
-        " accepted only as absent or []: a tool-calling history cannot be rendered yet |"
-    )
     header = ["| field | endpoint | Chimera | what it does |", "|---|---|---|---|"]
     return "\n".join(header + rows)

@@ -7,12 +7,14 @@ wrong (``n`` > 1). Fields outside OpenAI's API are ignored, as OpenAI's server i
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from services.common.chat import ResponseFormat, Tool, ToolCallPiece, ToolUse
 from services.dispatcher.handoff import Final
 from services.dispatcher.openai_fields import (
     CHAT_REFUSED,
@@ -58,19 +60,56 @@ class ContentPart(_Lenient):
     text: str | None = None
 
 
+class ToolCallFunctionIn(_Lenient):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCallIn(_Lenient):
+    id: str = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: ToolCallFunctionIn
+
+
 class ChatMessageIn(_Lenient):
     role: str
     content: str | list[ContentPart] | None = None
-    # A tool-calling history cannot be rendered yet: refused by name rather than dropped.
-    tool_calls: Any = None
-    tool_call_id: Any = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
-    @field_validator("tool_calls", "tool_call_id", mode="before")
-    @classmethod
-    def _no_tool_history(cls, v: Any) -> Any:
-        if v is None or v == []:
-            return v
-        raise ValueError("tool calls in the history are not supported by Chimera yet")
+
+class FunctionIn(_Lenient):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolIn(_Lenient):
+    type: Literal["function"]
+    function: FunctionIn
+
+
+class NamedFunction(_Lenient):
+    name: str
+
+
+class NamedToolChoice(_Lenient):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaIn(_Lenient):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormatIn(_Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaIn | None = None
 
 
 class StreamOptions(_Lenient):
@@ -90,14 +129,24 @@ class _GenerationRequest(_Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     metadata: dict[str, str] | None = None
-    top_k: Any = None
-    min_p: Any = None
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
-    repetition_penalty: Any = None
+    # vLLM's sampling fields, as vllm serve takes them; null means the neutral value.
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     logit_bias: Any = None
 
-    @field_validator("temperature", "top_p", mode="before")
+    @field_validator(
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        mode="before",
+    )
     @classmethod
     def _null_is_default(cls, v: Any, info: ValidationInfo) -> Any:
         assert info.field_name is not None
@@ -117,12 +166,12 @@ class _GenerationRequest(_Lenient):
 class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessageIn]
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    tools: Any = None
-    tool_choice: Any = None
+    tools: list[ToolIn] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     functions: Any = None
     function_call: Any = None
-    response_format: Any = None
+    response_format: ResponseFormatIn | None = None
     logprobs: Any = None
     top_logprobs: Any = None
     prediction: Any = None
@@ -133,6 +182,34 @@ class ChatCompletionRequest(_GenerationRequest):
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def tool_use(self) -> ToolUse | None:
+        """The tools and the choice, as OpenAI defaults them: "auto" with tools, "none" without."""
+        if not self.tools and self.tool_choice is None:
+            return None
+        tools = tuple(
+            Tool(
+                t.function.name,
+                t.function.description or "",
+                json.dumps(t.function.parameters) if t.function.parameters is not None else "",
+                bool(t.function.strict),
+            )
+            for t in self.tools or ()
+        )
+        choice = self.tool_choice or ("auto" if tools else "none")
+        parallel = True if self.parallel_tool_calls is None else self.parallel_tool_calls
+        if isinstance(choice, NamedToolChoice):
+            return ToolUse(tools, "function", choice.function.name, parallel)
+        return ToolUse(tools, choice, "", parallel)
+
+    def format(self) -> ResponseFormat | None:
+        f = self.response_format
+        if f is None or f.type == "text":
+            return None
+        if f.type == "json_object":
+            return ResponseFormat("json_object")
+        spec = f.json_schema or JsonSchemaIn()
+        return ResponseFormat("json_schema", json.dumps(spec.schema_), spec.name, bool(spec.strict))
 
 
 class CompletionRequest(_GenerationRequest):
@@ -186,7 +263,11 @@ def completion_body(kind: Kind, f: Final, program_id: str, stage: int) -> dict[s
     """A whole (non-streamed) ``chat.completion`` or ``text_completion``."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": f.finish_reason, "logprobs": None}
     if kind == "chat":
-        choice["message"] = {"role": "assistant", "content": f.text}
+        message: dict[str, Any] = {"role": "assistant", "content": f.text}
+        if f.tool_calls:
+            message["content"] = f.text or None  # OpenAI's shape for an answer that is only calls
+            message["tool_calls"] = [c.openai() for c in f.tool_calls]
+        choice["message"] = message
     else:
         choice["text"] = f.text
     return {
@@ -211,6 +292,7 @@ def chunk_body(
     created: int,
     *,
     text: str | None = None,
+    tool_calls: tuple[ToolCallPiece, ...] = (),
     role: bool = False,
     finish_reason: str | None = None,
     usage_of: Final | None = None,
@@ -237,11 +319,25 @@ def chunk_body(
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
+        if tool_calls:
+            delta["tool_calls"] = [_piece(p) for p in tool_calls]
         choice["delta"] = delta
     else:
         choice["text"] = text or ""
     body["choices"] = [choice]
     return body
+
+
+def _piece(p: ToolCallPiece) -> dict[str, Any]:
+    """A tool call's streamed piece in OpenAI's shape: id, type and name only on its first piece."""
+    out: dict[str, Any] = {"index": p.index}
+    function: dict[str, Any] = {"arguments": p.arguments}
+    if p.id:
+        out["id"], out["type"] = p.id, "function"
+    if p.name:
+        function["name"] = p.name
+    out["function"] = function
+    return out
 
 
 def error_body(message: str, err_type: str, code: str | None, param: str | None = None) -> dict[str, Any]:

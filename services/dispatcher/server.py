@@ -20,14 +20,12 @@ from chimera.dispatcher.v1 import dispatcher_pb2 as pb
 from chimera.dispatcher.v1 import dispatcher_pb2_grpc
 from services.common import tls
 from services.common.grpc_status import status_codes
-from services.common.types import ChatMessage
 from services.dispatcher.dispatch import Dispatcher
 from services.dispatcher.door import DoorGate, backstop
 from services.dispatcher.errors import DispatchError, InvalidRequest, Overloaded
-from services.dispatcher.handoff import Delta, Final
-from services.dispatcher.intake import Intake
+from services.dispatcher.grpc_forms import completion, intake_of, text_delta
+from services.dispatcher.handoff import Delta
 from services.dispatcher.reaper import reap_forever
-from services.dispatcher.tenancy import client_id
 
 log = logging.getLogger(__name__)
 
@@ -82,25 +80,6 @@ def add_servicer(servicer: DispatcherServicer, server: grpc.aio.Server) -> None:
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
-def intake_of(msg: pb.GenerateRequest) -> Intake:
-    """A GenerateRequest as the intake takes it: proto3's zero values are "unset" and become None or 1."""
-    s = msg.sampling
-    return Intake(
-        program_id=msg.program_id,
-        stage=msg.stage,
-        workflow=msg.workflow,
-        messages=tuple(ChatMessage(m.role, m.content) for m in msg.messages),
-        max_tokens=s.max_tokens or None,
-        temperature=s.temperature,
-        top_p=s.top_p or 1.0,
-        seed=s.seed if s.HasField("seed") else None,
-        stop=tuple(s.stop),
-        model=msg.model,
-        request_id=msg.request_id,
-        timeout_ms=msg.timeout_ms,
-    )
-
-
 def _code(e: Exception) -> grpc.StatusCode | None:
     # Domain errors carry their status code's name; a name gRPC does not know is a bug, hence INTERNAL.
     if isinstance(e, DispatchError):
@@ -114,30 +93,6 @@ def _trailers(e: Exception) -> list[tuple[str, str]]:
 
 
 _status_codes = status_codes(_code, log, "dispatcher error; see its log", trailers_of=_trailers)
-
-
-def _completion(f: Final) -> pb.Completion:
-    return pb.Completion(
-        request_id=client_id(f.request_id),
-        text=f.text,
-        finish_reason=f.finish_reason,
-        usage=pb.Usage(prompt_tokens=f.prompt_tokens, completion_tokens=f.completion_tokens),
-        model=f.model,
-        engine=f.engine,
-        queue_wait_s=f.queue_wait_s,
-        e2e_s=f.e2e_s,
-        predicted_tokens=f.predicted_tokens,
-        predicted_tokens_p90=f.predicted_tokens_p90,
-        attempts=f.attempts,
-        dispatch_ms=f.dispatch_ms,
-        dispatch_timings=pb.DispatchTimings(
-            router_ms=f.timings.router_ms,
-            predictor_ms=f.timings.predictor_ms,
-            policy_ms=f.timings.policy_ms,
-            redis_ms=f.timings.redis_ms,
-        ),
-        browned_out_from=f.browned_out_from,
-    )
 
 
 def _authorization(context: grpc.aio.ServicerContext) -> str | None:
@@ -170,9 +125,9 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServicer):  # type: ignor
             dispatched = await self._d.submit(intake_of(request), tenant)
             async for item in self._d.stream(dispatched):
                 if isinstance(item, Delta):
-                    yield pb.GenerateResponse(delta=pb.TextDelta(text=item.text, attempt=item.attempt))
+                    yield pb.GenerateResponse(delta=text_delta(item))
                 else:
-                    yield pb.GenerateResponse(final=_completion(item))
+                    yield pb.GenerateResponse(final=completion(item))
 
     @_status_codes
     async def EndProgram(  # noqa: N802

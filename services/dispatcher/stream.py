@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
+from services.common.chat import ToolCallPiece, merge_pieces, tool_calls_of
 from services.common.queue import QueueStore
 from services.common.queue_records import OutputEvent
 from services.dispatcher.errors import (
@@ -108,20 +109,28 @@ class _Relay:
     def items(self, events: list[OutputEvent]) -> list[StreamItem]:
         out: list[StreamItem] = []
         text: list[str] = []
+        pieces: list[ToolCallPiece] = []
+
+        def merged() -> None:
+            if text or pieces:
+                out.append(Delta("".join(text), self.best_attempt, merge_pieces(pieces)))
+                text.clear()
+                pieces.clear()
+
         for ev in events:
             kind, attempt = ev.data.get("t"), int(ev.data.get("a", 0))
             if kind == "delta":
                 if attempt < self.best_attempt:
                     continue  # a late delta from a worker whose lease was lost
-                if attempt > self.best_attempt and text:
-                    out.append(Delta("".join(text), self.best_attempt))
-                    text = []
+                if attempt > self.best_attempt:
+                    merged()
                 self.best_attempt = attempt
+                if pieces and ev.data.get("text"):
+                    merged()  # text after a tool call's pieces stays after them
                 text.append(str(ev.data.get("text", "")))
+                pieces.extend(ToolCallPiece.from_wire(p) for p in ev.data.get("tc", ()))
                 continue
-            if text:
-                out.append(Delta("".join(text), self.best_attempt))
-                text = []
+            merged()
             if kind == "error":
                 self.finished = True
                 self.error = RequestFailed(
@@ -132,8 +141,7 @@ class _Relay:
                 self.finished = True
                 out.append(_final(self._d, ev.data, self._clock))
                 return out
-        if text:
-            out.append(Delta("".join(text), self.best_attempt))
+        merged()
         return out
 
 
@@ -178,6 +186,7 @@ def _final(d: Dispatched, ev: Mapping[str, Any], clock: Callable[[], float]) -> 
         dispatch_ms=d.dispatch_ms,
         timings=d.timings,
         browned_out_from=d.browned_out_from,
+        tool_calls=tool_calls_of(ev.get("tool_calls")),
     )
 
 

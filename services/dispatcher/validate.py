@@ -8,13 +8,15 @@ checks let through must not fail later as INTERNAL.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from services.common.chat import ResponseFormat, ToolUse
 from services.common.keys import ProgramField
-from services.common.types import ROLES, StageRequest
+from services.common.types import ROLES, ChatMessage, SamplingParams, StageRequest
 from services.dispatcher.errors import InvalidRequest, RequestTooLarge
 
 # Defaults of the limits, shared with the settings (``config.py``) so that tests building ``Limits`` by hand
@@ -26,6 +28,9 @@ MAX_WORKFLOW_CHARS = 200
 MAX_ID_CHARS = 200
 MAX_STAGE = 10_000
 MAX_STAGE_SKIP = 4
+# OpenAI's own bounds: at most 128 tools per request, function names of 1-64 letters, digits, _ and -.
+MAX_TOOLS = 128
+_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # Not a knob: longer than any served model name (a Hugging Face repo id is at most 96 characters).
 MAX_MODEL_CHARS = 256
 # A wire bound, not a knob: gRPC's timeout_ms is a uint32, and the HTTP header gets the same range.
@@ -130,6 +135,83 @@ def check_model(model: str) -> None:
     check_text("model", model)
 
 
+def _json_object(field: str, text: str) -> None:
+    """``text`` must be a JSON object (a schema, a call's arguments): an engine fails on anything else."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise InvalidRequest(f"{field} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{field} must be a JSON object")
+
+
+def check_history(messages: tuple[ChatMessage, ...]) -> None:
+    for i, m in enumerate(messages):
+        if m.role not in ROLES:
+            raise InvalidRequest(f"messages[{i}].role {m.role!r} is not one of {sorted(ROLES)}")
+        if m.role == "tool" and not m.tool_call_id:
+            raise InvalidRequest(f"messages[{i}].tool_call_id is required in a message of role tool")
+        if m.tool_calls and m.role != "assistant":
+            raise InvalidRequest(f"messages[{i}].tool_calls: only an assistant message makes tool calls")
+        for j, call in enumerate(m.tool_calls):
+            if not _FUNCTION_NAME.fullmatch(call.name):
+                raise InvalidRequest(f"messages[{i}].tool_calls[{j}].function.name {call.name!r} is invalid")
+            _json_object(f"messages[{i}].tool_calls[{j}].function.arguments", call.arguments or "{}")
+
+
+def check_tool_use(use: ToolUse) -> None:
+    if len(use.tools) > MAX_TOOLS:
+        raise InvalidRequest(f"tools has {len(use.tools)} entries; the limit is {MAX_TOOLS}")
+    names = [t.name for t in use.tools]
+    for i, t in enumerate(use.tools):
+        if not _FUNCTION_NAME.fullmatch(t.name):
+            raise InvalidRequest(f"tools[{i}].function.name must be 1-64 letters, digits, _ or -")
+        if t.parameters:
+            _json_object(f"tools[{i}].function.parameters", t.parameters)
+    if len(set(names)) != len(names):
+        raise InvalidRequest("tools: function names must be unique")
+    if use.choice in ("required", "function") and not use.tools:
+        raise InvalidRequest(f"tool_choice {use.choice!r} needs tools")
+    if use.choice == "function" and use.function not in names:
+        raise InvalidRequest(f"tool_choice names function {use.function!r}, which is not in tools")
+
+
+def check_response_format(fmt: ResponseFormat) -> None:
+    if fmt.type == "json_schema":
+        _json_object("response_format.json_schema.schema", fmt.schema or "{}")
+
+
+def check_sampling(s: SamplingParams) -> None:
+    if not (math.isfinite(s.temperature) and 0.0 <= s.temperature <= 2.0):
+        raise InvalidRequest("temperature must be in [0, 2]")
+    if not (math.isfinite(s.top_p) and 0.0 < s.top_p <= 1.0):
+        raise InvalidRequest("top_p must be in (0, 1]")
+    if s.seed is not None and not 0 <= s.seed < 2**64:
+        raise InvalidRequest("seed must be in [0, 2**64)")
+    if s.top_k < -1:
+        raise InvalidRequest("top_k must be -1, 0 (both off) or a positive count")
+    if not (math.isfinite(s.min_p) and 0.0 <= s.min_p <= 1.0):
+        raise InvalidRequest("min_p must be in [0, 1]")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(s, name)
+        if not (math.isfinite(value) and -2.0 <= value <= 2.0):
+            raise InvalidRequest(f"{name} must be in [-2, 2]")
+    if not (math.isfinite(s.repetition_penalty) and 0.0 < s.repetition_penalty <= 2.0):
+        raise InvalidRequest("repetition_penalty must be in (0, 2]")
+
+
+def _size(req: StageRequest) -> int:
+    """Characters the engine gets: messages, the calls in them, stop sequences, tool schemas, the format."""
+    size = sum(len(m.content) for m in req.messages)
+    size += sum(len(c.arguments) + len(c.name) for m in req.messages for c in m.tool_calls)
+    size += sum(len(x) for x in req.sampling.stop)
+    if req.tool_use is not None:
+        size += sum(len(t.name) + len(t.description) + len(t.parameters) for t in req.tool_use.tools)
+    if req.response_format is not None:
+        size += len(req.response_format.schema)
+    return size
+
+
 def validate_request(req: StageRequest, limits: Limits) -> None:
     """Raise ``InvalidRequest`` or ``RequestTooLarge`` for a request no engine should see."""
     check_id("program_id", req.program_id, limits.max_id_chars)
@@ -140,28 +222,27 @@ def validate_request(req: StageRequest, limits: Limits) -> None:
         raise InvalidRequest("messages must not be empty")
     if len(req.messages) > limits.max_messages:
         raise RequestTooLarge(f"messages has {len(req.messages)} entries; the limit is {limits.max_messages}")
-    for i, m in enumerate(req.messages):
-        if m.role not in ROLES:
-            raise InvalidRequest(f"messages[{i}].role {m.role!r} is not one of {sorted(ROLES)}")
+    check_history(req.messages)
     s = req.sampling
     check_stop(s.stop, limits)
-    # Stop sequences travel with the prompt to the engine, so they count towards its size.
-    size = sum(len(m.content) for m in req.messages) + sum(len(x) for x in s.stop)
+    # Stop sequences and tool schemas travel with the prompt to the engine, so they count towards its size.
+    size = _size(req)
     if size > limits.max_prompt_chars:
         raise RequestTooLarge(
-            f"prompt (messages and stop) has {size} characters; the limit is {limits.max_prompt_chars}"
+            f"prompt (messages, stop and tools) has {size} characters; the limit is {limits.max_prompt_chars}"
         )
     for i, m in enumerate(req.messages):
         check_text(f"messages[{i}].content", m.content)
+    if req.tool_use is not None:
+        check_tool_use(req.tool_use)
+        for i, t in enumerate(req.tool_use.tools):
+            check_text(f"tools[{i}]", t.description + t.parameters)
+    if req.response_format is not None:
+        check_response_format(req.response_format)
     if not any(m.role == "user" and m.content.strip() for m in req.messages):
         raise InvalidRequest("messages need at least one non-empty user message (the task text)")
     if req.model_pin is not None:
         check_model(req.model_pin)
     if not 1 <= s.max_tokens <= limits.max_tokens_limit:
         raise InvalidRequest(f"max_tokens must be in [1, {limits.max_tokens_limit}], got {s.max_tokens}")
-    if not (math.isfinite(s.temperature) and 0.0 <= s.temperature <= 2.0):
-        raise InvalidRequest("temperature must be in [0, 2]")
-    if not (math.isfinite(s.top_p) and 0.0 < s.top_p <= 1.0):
-        raise InvalidRequest("top_p must be in (0, 1]")
-    if s.seed is not None and not 0 <= s.seed < 2**64:
-        raise InvalidRequest("seed must be in [0, 2**64)")
+    check_sampling(s)

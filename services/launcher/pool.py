@@ -28,6 +28,9 @@ class EngineSpec(BaseModel):
     # Until live traces exist, the router and predictor are bootstrapped from the workload's outcome model
     # for this paper model (a real engine here, e.g. SmolLM2, has no published statistics of its own).
     stand_in: str | None = Field(None, description="paper model whose synthetic traces bootstrap this one")
+    tool_parser: str = Field(
+        "", description='vLLM tool parser of the model ("hermes" for Qwen2.5); "" serves no tool calls'
+    )
     # Anything else the worker reads (CHIMERA_WORKER_<NAME>), e.g. model_path, url, time_scale.
     env: dict[str, str] = Field(default_factory=dict)
 

@@ -152,6 +152,8 @@ def _worker_env(spec: EngineSpec, threads: Mapping[str, str]) -> dict[str, str]:
         "CHIMERA_WORKER_ENGINE_KIND": spec.kind,
         "CHIMERA_WORKER_MAX_NUM_SEQS": str(spec.max_num_seqs),
     }
+    if spec.tool_parser:
+        env["CHIMERA_WORKER_TOOL_PARSER"] = spec.tool_parser
     env.update({f"CHIMERA_WORKER_{k.upper()}": v for k, v in spec.env.items()})
     if spec.kind == "vllm":
         # Ignored by vLLM on a GPU. An operator's own environment wins.

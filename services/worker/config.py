@@ -58,6 +58,11 @@ class WorkerSettings(CommonSettings):
         le=5.0,
         description="streamed text is flushed this often (a request's first text at once)",
     )
+    tool_parser: str = Field(
+        default="",
+        description="vLLM's tool parser for this engine's model, by the name vllm serve --tool-call-parser "
+        'takes ("hermes" for Qwen2.5, "llama3_json", ...); "" refuses a request that lets it call tools',
+    )
     stream_tokens: int = Field(
         default=4,
         ge=1,

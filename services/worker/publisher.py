@@ -16,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from redis.exceptions import RedisError
 
+from services.common.chat import ToolCallPiece, merge_pieces, piece_chars
 from services.common.queue import DeltaItem, QueueStore
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class Source(Protocol):
 class _Pending:
     source: Source
     parts: list[str] = field(default_factory=list)
+    # Tool-call pieces follow the text pending with them: an engine's tool calls come after its content.
+    pieces: list[ToolCallPiece] = field(default_factory=list)
 
 
 class DeltaPublisher:
@@ -67,13 +70,17 @@ class DeltaPublisher:
         self.flushes = 0
         self.entries = 0
 
-    def add(self, source: Source, text: str) -> None:
-        """Queue ``text`` of ``source`` for the next flush (sooner once ``max_chars`` wait)."""
-        if not text:
+    def add(self, source: Source, text: str, pieces: Sequence[ToolCallPiece] = ()) -> None:
+        """Queue ``text`` and tool-call ``pieces`` of ``source`` for the next flush (sooner once
+        ``max_chars`` wait)."""
+        size = len(text) + sum(piece_chars(x) for x in pieces)
+        if not size:
             return
         p = self._pending.setdefault(id(source), _Pending(source))
-        p.parts.append(text)
-        self._chars += len(text)
+        if text:
+            p.parts.append(text)
+        p.pieces.extend(pieces)
+        self._chars += size
         self._some.set()
         if self._chars >= self._max_chars:
             self._soon.set()
@@ -108,7 +115,7 @@ class DeltaPublisher:
         one = self._pending.pop(id(source), None)
         if one is None:
             return []
-        self._chars -= sum(len(part) for part in one.parts)
+        self._chars -= sum(len(part) for part in one.parts) + sum(piece_chars(x) for x in one.pieces)
         if not self._pending:
             self._some.clear()
         return self._items([one])
@@ -120,8 +127,9 @@ class DeltaPublisher:
             if p.source.stale:
                 continue
             text = "".join(p.parts)
-            p.source.published += len(text)
-            items.append((p.source.request_id, p.source.attempt, text, p.source.published))
+            p.source.published += len(text) + sum(piece_chars(x) for x in p.pieces)
+            pieces = merge_pieces(p.pieces)
+            items.append(DeltaItem(p.source.request_id, p.source.attempt, text, p.source.published, pieces))
         if items:
             self.flushes += 1
             self.entries += len(items)

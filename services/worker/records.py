@@ -6,12 +6,32 @@ admission, and the rows the predictor later trains on are built in one place.
 
 from __future__ import annotations
 
+from typing import Any
+
 from services.common.types import ClaimedRequest, StageResult, TraceRow
 from services.worker.engine.base import EngineOutput
 
 
 def stage_result(final: EngineOutput, text: str) -> StageResult:
-    return StageResult(text, final.finish_reason or "stop", final.prompt_tokens, final.completion_tokens)
+    reason = final.finish_reason or "stop"
+    if final.tool_calls and reason == "stop":
+        reason = "tool_calls"  # as OpenAI reports an answer that ends in calls
+    return StageResult(text, reason, final.prompt_tokens, final.completion_tokens, final.tool_calls)
+
+
+def tool_extra(c: ClaimedRequest, result: StageResult) -> dict[str, Any]:
+    """What a trace row records of a stage's tools, for the predictor and the router to learn from: how
+    many it was offered, how many calls it made and to which functions, and whether it answers a call."""
+    use = c.request.tool_use
+    if use is None and not result.tool_calls and not any(m.role == "tool" for m in c.request.messages):
+        return {}
+    return {
+        "tools_offered": len(use.tools) if use else 0,
+        "tool_choice": use.choice if use else "none",
+        "tool_calls": len(result.tool_calls),
+        "tool_names": [t.name for t in result.tool_calls],
+        "tool_results_in": sum(m.role == "tool" for m in c.request.messages),
+    }
 
 
 def trace_row(
@@ -41,6 +61,7 @@ def trace_row(
         finish_reason=result.finish_reason,
         attempt=c.attempt,
         enqueued_unix=c.enqueued_unix,
+        extra=tool_extra(c, result),
     )
 
 

@@ -111,16 +111,18 @@ class JobRunner:
         c = job.claimed
         parts: list[str] = []
         final: EngineOutput | None = None
+        started = False
         job.started = True
         async for out in self._engine.generate(c.request, job.key, c.predicted):
             if final is not None:
                 continue
             if (job.lost or job.cancel) and not job.aborted:
                 await self._abort(job)  # the renewal saw it before the engine knew the request
-            if out.text_delta:
-                self._deltas.add(job, out.text_delta)
-                if not parts:
+            if out.text_delta or out.tool_pieces:
+                self._deltas.add(job, out.text_delta, out.tool_pieces)
+                if not started:
                     await self._deltas.flush(job)  # the first token at once: coalescing never delays it
+                    started = True
                 parts.append(out.text_delta)
             if out.finished:
                 final = out

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from services.common.chat import ToolCall, ToolCallPiece
 from services.common.types import EngineProfile, StageRequest
 
 
@@ -20,9 +21,12 @@ class EngineOutput:
 
     text_delta: str
     finished: bool = False
-    finish_reason: str | None = None  # "stop" | "length" | "cancelled" once finished
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "tool_calls" once finished
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Tool-call pieces since the last output (they stream like text), and once finished every call whole.
+    tool_pieces: tuple[ToolCallPiece, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 class EngineRequestError(ValueError):

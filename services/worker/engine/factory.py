@@ -45,6 +45,7 @@ def _vllm(s: WorkerSettings, startup: StartupSink) -> Engine:
             enforce_eager=s.enforce_eager,
             gpu_memory_utilization=s.gpu_memory_utilization,
             stream_tokens=s.stream_tokens,
+            tool_parser=s.tool_parser,
         )
     )
 

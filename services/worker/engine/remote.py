@@ -32,6 +32,7 @@ from typing import Any
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from services.common.chat import ToolCall, ToolCallPiece
 from services.common.types import EngineProfile, StageRequest
 from services.worker.engine.base import (
     EngineDeadError,
@@ -39,6 +40,7 @@ from services.worker.engine.base import (
     EngineRequestError,
     EngineUnavailableError,
 )
+from services.worker.engine.openai_form import openai_fields, openai_messages, sampling_fields
 
 log = logging.getLogger(__name__)
 
@@ -102,25 +104,42 @@ def chat_body(
     request: StageRequest, model: str, priority: int, send_priority: bool, stream_tokens: int = 1
 ) -> dict[str, Any]:
     """The JSON body of one streamed chat completion for ``request``."""
-    s = request.sampling
+    fields = {k: v for k, v in sampling_fields(request.sampling).items() if v is not None}
     body: dict[str, Any] = {
         "model": model,
-        "messages": [{"role": m.role, "content": m.content} for m in request.messages],
-        "max_tokens": s.max_tokens,
-        "temperature": s.temperature,
-        "top_p": s.top_p,
+        "messages": openai_messages(request.messages),
+        "max_tokens": request.sampling.max_tokens,
+        **fields,
+        **openai_fields(request),
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    if s.seed is not None:
-        body["seed"] = s.seed
-    if s.stop:
-        body["stop"] = list(s.stop)
     if send_priority:
         body["priority"] = priority
     if stream_tokens > 1:
         body["stream_interval"] = stream_tokens
     return body
+
+
+class _CallsRead:
+    """The tool-call deltas of a vLLM server's stream: our pieces out, the whole calls at the end."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, list[str]] = {}  # index -> [id, name, arguments so far]
+
+    def read(self, deltas: Any) -> tuple[ToolCallPiece, ...]:
+        out = []
+        for d in deltas:
+            index, fn = int(d.get("index", 0)), d.get("function") or {}
+            call = self._calls.setdefault(index, ["", "", ""])
+            piece = ToolCallPiece(index, d.get("id") or "", fn.get("name") or "", fn.get("arguments") or "")
+            call[0], call[1] = call[0] or piece.id, call[1] or piece.name
+            call[2] += piece.arguments
+            out.append(piece)
+        return tuple(out)
+
+    def whole(self) -> tuple[ToolCall, ...]:
+        return tuple(ToolCall(*self._calls[i]) for i in sorted(self._calls))
 
 
 class RemoteEngine:
@@ -204,6 +223,7 @@ class RemoteEngine:
         assert self._client is not None
         text_reason: str | None = None
         usage: dict[str, Any] = {}
+        calls = _CallsRead()
         async with self._client.post(f"{self._base}/v1/chat/completions", json=body) as resp:
             if resp.status != 200:
                 detail = (await resp.read()).decode(errors="replace")[:500]
@@ -224,10 +244,12 @@ class RemoteEngine:
                     chunk = json.loads(payload)
                     usage = chunk.get("usage") or usage
                     for choice in chunk.get("choices") or ():
-                        delta = (choice.get("delta") or {}).get("content") or ""
-                        if delta:
+                        delta = choice.get("delta") or {}
+                        text = delta.get("content") or ""
+                        pieces = calls.read(delta.get("tool_calls") or ())
+                        if text or pieces:
                             st.deltas += 1
-                            st.queue.put_nowait(EngineOutput(delta))
+                            st.queue.put_nowait(EngineOutput(text, tool_pieces=pieces))
                         text_reason = choice.get("finish_reason") or text_reason
                 if done:
                     break
@@ -238,6 +260,7 @@ class RemoteEngine:
                 finish_reason="length" if text_reason == "length" else "stop",
                 prompt_tokens=int(usage.get("prompt_tokens", 0)),
                 completion_tokens=int(usage.get("completion_tokens", 0)),
+                tool_calls=calls.whole(),
             )
         )
 

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.common.chat import ToolCall, ToolCallPiece
 from services.common.types import EngineProfile, StageRequest
 from services.worker.engine.base import EngineDeadError, EngineOutput
 from services.worker.engine.simulated_inputs import (
@@ -34,6 +35,7 @@ from services.worker.engine.simulated_inputs import (
     count_prompt_tokens,
     filler_token,
     filler_words,
+    simulated_call,
 )
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,7 @@ class _Seq:
     out: asyncio.Queue[EngineOutput | BaseException] = field(default_factory=asyncio.Queue)
     produced: int = 0
     held: str = ""  # text produced but not yet sent (stream_tokens > 1)
+    call: ToolCall | None = None  # the call it answers with instead of filler (simulated_call)
 
 
 class SimulatedEngine:
@@ -201,7 +204,9 @@ class SimulatedEngine:
         )
 
     def _new_seq(self, request: StageRequest, key: str, priority: int) -> _Seq:
-        wanted = max(1, int(self._lengths(request)))
+        call = simulated_call(request)
+        # A call's length is its arguments' (about four characters a token, the first token its name).
+        wanted = 1 + len(call.arguments) // 4 if call else max(1, int(self._lengths(request)))
         cap = max(1, request.sampling.max_tokens)
         prompt = request.prompt_text()
         # Start the filler at a stage-dependent word so that concurrent streams do not all read alike (and a
@@ -218,6 +223,7 @@ class SimulatedEngine:
             prompt_tokens=count_prompt_tokens(prompt),
             words=filler_words(prompt),
             offset=offset,
+            call=call,
         )
 
     def _remove(self, seq: _Seq) -> None:
@@ -285,6 +291,9 @@ class SimulatedEngine:
             self._fail_all(EngineDeadError(f"simulated engine crashed: {exc!r}"))
 
     def _emit(self, seq: _Seq) -> None:
+        if seq.call is not None:
+            self._emit_call(seq, seq.call)
+            return
         text = seq.held + filler_token(seq.words, seq.offset, seq.produced)
         seq.produced += 1
         if seq.produced < seq.target:
@@ -298,6 +307,33 @@ class SimulatedEngine:
         seq.out.put_nowait(
             EngineOutput(text, True, seq.finish_reason, seq.prompt_tokens, completion_tokens=seq.produced)
         )
+
+    def _emit_call(self, seq: _Seq, call: ToolCall) -> None:
+        """One token of a call: its id and name first, then four characters of its arguments a token; the
+        last token brings the rest, or, cut short by max_tokens, leaves the call unfinished (no call)."""
+        i, args = seq.produced, call.arguments
+        seq.produced += 1
+        last = seq.produced >= seq.target
+        whole = last and seq.target >= 1 + len(args) // 4
+        end = len(args) if whole else 4 * i
+        first = i == 0
+        piece = ToolCallPiece(
+            0, call.id if first else "", call.name if first else "", args[max(0, 4 * i - 4) : end]
+        )
+        if not last:
+            seq.out.put_nowait(EngineOutput("", tool_pieces=(piece,)))
+            return
+        self._remove(seq)
+        done = EngineOutput(
+            "",
+            True,
+            seq.finish_reason,
+            seq.prompt_tokens,
+            completion_tokens=seq.produced,
+            tool_pieces=(piece,),
+            tool_calls=(call,) if whole else (),
+        )
+        seq.out.put_nowait(done)
 
     def _fail_all(self, exc: BaseException) -> None:
         for seq in list(self._by_key.values()):

@@ -5,11 +5,13 @@ default profile. Everything here is deterministic, so a benchmark run is reprodu
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 from dataclasses import dataclass
 from typing import Protocol
 
+from services.common.chat import ToolCall
 from services.common.tokens import approx_tokens
 from services.common.types import EngineProfile, StageRequest
 
@@ -84,3 +86,29 @@ def measured_style_profile(max_batch_size: int = 16) -> EngineProfile:
         prefill_ms_per_token=0.0,
         step_ms=((1, 33.0), (16, 51.6)),
     )
+
+
+# A placeholder argument value per JSON Schema type, for the simulated engine's calls.
+_PLACEHOLDERS: dict[str, object] = {"integer": 1, "number": 1.0, "string": "x", "boolean": True}
+
+
+def simulated_call(request: StageRequest) -> ToolCall | None:
+    """The tool call the simulated engine makes, deterministically: a forced function, or the first tool,
+    while ``tool_choice`` lets it call and (for "auto") the turn before it is not already a tool's result
+    (so a loop through it ends); its arguments are the schema's required properties with placeholder
+    values. None: it answers in text."""
+    use = request.tool_use
+    if use is None or not use.calls_possible:
+        return None
+    if use.choice == "auto" and request.messages and request.messages[-1].role == "tool":
+        return None
+    tool = next((t for t in use.tools if t.name == use.function), use.tools[0])
+    schema = json.loads(tool.parameters or "{}")
+    props = schema.get("properties", {}) if isinstance(schema, dict) else {}
+    args = {
+        name: _PLACEHOLDERS.get(str(props.get(name, {}).get("type")), None)
+        for name in schema.get("required", [])
+        if isinstance(name, str)
+    }
+    key = f"{request.request_id}\x1f{tool.name}".encode()
+    return ToolCall(f"call_{hashlib.blake2b(key, digest_size=8).hexdigest()}", tool.name, json.dumps(args))

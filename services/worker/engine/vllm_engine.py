@@ -14,9 +14,18 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from services.common.types import ChatMessage, EngineProfile, SamplingParams, StageRequest
+from services.common.chat import ToolCallPiece
+from services.common.types import EngineProfile, SamplingParams, StageRequest
 from services.worker.engine.base import EngineDeadError, EngineOutput, EngineRequestError
 from services.worker.engine.machine import choose_dtype, cpu_flags, cpu_summary
+from services.worker.engine.vllm_chat import (
+    ChatCall,
+    chat_call,
+    chat_sampling,
+    needs_chat_request,
+    template_messages,
+    tool_parser_class,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +56,9 @@ class VllmEngineConfig:
     tensor_parallel_size: int = 1
     seed: int = 0
     stream_tokens: int = 1  # text every this many tokens (the first at once): fewer outputs to relay
+    # vLLM's tool parser for this model, by the name ``vllm serve --tool-call-parser`` takes ("hermes" for
+    # Qwen2.5); "" refuses a request that lets the model call tools.
+    tool_parser: str = ""
 
     def served_name(self) -> str:
         return self.model or self.model_path.rstrip("/").rsplit("/", 1)[-1]
@@ -96,13 +108,14 @@ def vllm_sampling(sampling: SamplingParams, max_tokens: int, stream_tokens: int 
         top_p=sampling.top_p,
         seed=sampling.seed,
         stop=list(sampling.stop) or None,
+        top_k=sampling.top_k,
+        min_p=sampling.min_p,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty,
         output_kind=RequestOutputKind.DELTA,
         stream_interval=stream_tokens,
     )
-
-
-def chat_dicts(messages: tuple[ChatMessage, ...]) -> list[dict[str, str]]:
-    return [{"role": m.role, "content": m.content} for m in messages]
 
 
 class VllmEngine:
@@ -114,6 +127,7 @@ class VllmEngine:
         self.max_num_seqs = cfg.max_num_seqs
         self._llm: Any = None
         self._tokenizer: Any = None
+        self._parser_cls: Any = None
         self._active: set[str] = set()
         # Aborts that arrive before generate() has handed the request to vLLM.
         self._aborted: set[str] = set()
@@ -138,6 +152,7 @@ class VllmEngine:
             return
         self._llm = AsyncLLM.from_engine_args(engine_args(self.cfg))
         self._tokenizer = self._llm.get_tokenizer()
+        self._parser_cls = tool_parser_class(self.cfg.tool_parser, self._tokenizer, self.model)
         log.info("vllm engine %s ready (max_num_seqs=%d, %s)", self.model, self.max_num_seqs, self.setup)
 
     async def stop(self) -> None:
@@ -152,26 +167,40 @@ class VllmEngine:
             raise EngineDeadError(f"vllm engine {self.model} is dead")
         return self._llm
 
-    def prompt_ids(self, messages: tuple[ChatMessage, ...]) -> list[int]:
-        """Token ids of the chat rendered with the model's own chat template, generation prompt appended."""
-        enc = self._tokenizer.apply_chat_template(
-            chat_dicts(messages), add_generation_prompt=True, tokenize=True, return_dict=True
-        )
+    def prompt_ids(self, request: StageRequest) -> list[int]:
+        """Token ids of the chat rendered with the model's own chat template (with the request's tools, if
+        it lets the model call them), generation prompt appended."""
+        use = request.tool_use
+        tools = [t.openai() for t in use.tools] if use is not None and use.calls_possible else None
+        try:
+            enc = self._tokenizer.apply_chat_template(
+                template_messages(request.messages),
+                tools=tools,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=True,
+            )
+        except Exception as e:  # the template's own refusal (a role order it does not take): the caller's
+            raise EngineRequestError(f"the chat template of {self.model} refused the messages: {e}") from None
         return list(enc["input_ids"])
 
     async def generate(self, request: StageRequest, key: str, priority: int) -> AsyncIterator[EngineOutput]:
         from vllm.v1.engine.exceptions import EngineDeadError as VllmDeadError
 
         llm = self._engine()
-        ids = self.prompt_ids(request.messages)
+        ids = self.prompt_ids(request)
         room = self.cfg.max_model_len - len(ids)
         if room < 1:
             raise PromptTooLongError(
                 f"prompt of {len(ids)} tokens leaves no room in {self.cfg.max_model_len}"
             )
-        params = vllm_sampling(
-            request.sampling, min(request.sampling.max_tokens, room), self.cfg.stream_tokens
-        )
+        max_tokens = min(request.sampling.max_tokens, room)
+        call: ChatCall | None = None
+        if needs_chat_request(request):
+            call = chat_call(request, self.model, self._parser_cls, self._tokenizer)
+            params = chat_sampling(call, max_tokens, self.cfg.stream_tokens)
+        else:
+            params = vllm_sampling(request.sampling, max_tokens, self.cfg.stream_tokens)
         self._active.add(key)
         completion = 0
         prompt_tokens = 0
@@ -186,18 +215,24 @@ class VllmEngine:
                 delta = out.outputs[0]
                 completion += len(delta.token_ids)
                 prompt_tokens = len(out.prompt_token_ids or ()) or prompt_tokens
+                text = delta.text
+                pieces: tuple[ToolCallPiece, ...] = ()
+                if call is not None:
+                    text, pieces = call.pieces(delta.text, list(delta.token_ids), ids, out.finished)
                 if not out.finished:
-                    if delta.text:
-                        yield EngineOutput(delta.text)
+                    if text or pieces:
+                        yield EngineOutput(text, tool_pieces=pieces)
                     continue
                 # Free the slot before the final yield: a consumer may stop iterating right after it.
                 self._active.discard(key)
                 yield EngineOutput(
-                    delta.text,
+                    text,
                     finished=True,
                     finish_reason=FINISH_REASONS.get(delta.finish_reason or "", "stop"),
                     prompt_tokens=prompt_tokens,
                     completion_tokens=completion,
+                    tool_pieces=pieces,
+                    tool_calls=call.calls() if call is not None else (),
                 )
         except VllmDeadError as e:
             raise EngineDeadError(f"vllm engine {self.model} died") from e
