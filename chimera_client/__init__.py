@@ -29,8 +29,13 @@ from chimera_client.types import (
     MessageLike,
     ModelStatus,
     ProgramEnd,
+    ResponseFormat,
     Sampling,
     TextDelta,
+    Tool,
+    ToolCall,
+    ToolCallDelta,
+    Tools,
 )
 from chimera_client.workflow import AsyncWorkflow, Workflow
 
@@ -56,7 +61,12 @@ __all__ = [
     "RequestCancelledError",
     "OverloadedError",
     "RequestTooLargeError",
+    "ResponseFormat",
     "Sampling",
+    "Tool",
+    "ToolCall",
+    "ToolCallDelta",
+    "Tools",
     "StageConflictError",
     "TextDelta",
     "UnavailableError",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from chimera.dispatcher.v1 import dispatcher_pb2 as pb
 from chimera_client.types import (
     Completion,
@@ -10,9 +12,38 @@ from chimera_client.types import (
     Message,
     ModelStatus,
     ProgramEnd,
+    ResponseFormat,
     Sampling,
     TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    Tools,
 )
+
+_MODES = ("auto", "none", "required")
+
+
+def _message(m: Message) -> pb.ChatMessage:
+    calls = [pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in m.tool_calls]
+    return pb.ChatMessage(role=m.role, content=m.content, tool_calls=calls, tool_call_id=m.tool_call_id)
+
+
+def _tools(req: pb.GenerateRequest, tools: Tools) -> None:
+    for t in tools.functions:
+        params = json.dumps(dict(t.parameters)) if t.parameters is not None else ""
+        req.tools.append(
+            pb.Tool(name=t.name, description=t.description, parameters_json=params, strict=t.strict)
+        )
+    if tools.choice in _MODES:
+        req.tool_choice.mode = tools.choice
+    else:
+        req.tool_choice.mode, req.tool_choice.function = "function", tools.choice
+    req.parallel_tool_calls = tools.parallel
+
+
+def _format(f: ResponseFormat) -> pb.ResponseFormat:
+    schema = json.dumps(dict(f.schema)) if f.type == "json_schema" else ""
+    return pb.ResponseFormat(type=f.type, schema_json=schema, name=f.name, strict=f.strict)
 
 
 def generate_request(
@@ -25,25 +56,37 @@ def generate_request(
     sampling: Sampling,
     request_id: str | None,
     timeout_s: float | None,
+    tools: Tools | None = None,
+    response_format: ResponseFormat | None = None,
 ) -> pb.GenerateRequest:
     s = pb.SamplingParams(
         max_tokens=sampling.max_tokens,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
         stop=list(sampling.stop),
+        top_k=sampling.top_k,
+        min_p=sampling.min_p,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty,
     )
     if sampling.seed is not None:
         s.seed = sampling.seed
-    return pb.GenerateRequest(
+    req = pb.GenerateRequest(
         program_id=program_id,
         stage=stage,
         workflow=workflow,
-        messages=[pb.ChatMessage(role=m.role, content=m.content) for m in messages],
+        messages=[_message(m) for m in messages],
         sampling=s,
         request_id=request_id or "",
         timeout_ms=int(timeout_s * 1000) if timeout_s else 0,
         model=model,
     )
+    if tools is not None:
+        _tools(req, tools)
+    if response_format is not None:
+        req.response_format.CopyFrom(_format(response_format))
+    return req
 
 
 def call_timeout(timeout_s: float | None, default_s: float | None) -> float | None:
@@ -54,7 +97,9 @@ def call_timeout(timeout_s: float | None, default_s: float | None) -> float | No
 
 def event(resp: pb.GenerateResponse) -> TextDelta | Completion:
     if resp.HasField("delta"):
-        return TextDelta(resp.delta.text, resp.delta.attempt)
+        d = resp.delta
+        pieces = tuple(ToolCallDelta(p.index, p.id, p.name, p.arguments) for p in d.tool_calls)
+        return TextDelta(d.text, d.attempt, pieces)
     f = resp.final
     return Completion(
         request_id=f.request_id,
@@ -77,6 +122,7 @@ def event(resp: pb.GenerateResponse) -> TextDelta | Completion:
             redis_ms=f.dispatch_timings.redis_ms,
         ),
         browned_out_from=f.browned_out_from,
+        tool_calls=tuple(ToolCall(c.id, c.name, c.arguments) for c in f.tool_calls),
     )
 
 

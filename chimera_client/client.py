@@ -25,8 +25,10 @@ from chimera_client.types import (
     MessageLike,
     ModelStatus,
     ProgramEnd,
+    ResponseFormat,
     Sampling,
     TextDelta,
+    Tools,
     to_messages,
 )
 from chimera_client.workflow import AsyncWorkflow, Workflow
@@ -137,6 +139,8 @@ class AsyncClient:
         sampling: Sampling = Sampling(),
         request_id: str | None = None,
         timeout_s: float | None = None,
+        tools: Tools | None = None,
+        response_format: ResponseFormat | None = None,
     ) -> AsyncIterator[TextDelta | Completion]:
         """Text deltas as they are generated, then exactly one ``Completion``.
 
@@ -152,6 +156,8 @@ class AsyncClient:
             sampling=sampling,
             request_id=request_id or new_request_id(),
             timeout_s=timeout_s,
+            tools=tools,
+            response_format=response_format,
         )
         replay = Replay()
         # NOTE(sdk-retry): yielding inside an attempt is safe: a caller that stops reading raises
@@ -163,8 +169,9 @@ class AsyncClient:
                 async for ev in self._one_try(req, timeout_s):
                     tries.progressed()  # NOTE(budget) in retry.py
                     if isinstance(ev, TextDelta):
-                        if text := replay.fresh(ev.text, ev.attempt):
-                            yield TextDelta(text, ev.attempt)
+                        text = replay.fresh(ev.text, ev.attempt)
+                        if text or ev.tool_calls:
+                            yield TextDelta(text, ev.attempt, ev.tool_calls)
                     else:
                         yield ev
 
@@ -199,6 +206,8 @@ class AsyncClient:
         sampling: Sampling = Sampling(),
         request_id: str | None = None,
         timeout_s: float | None = None,
+        tools: Tools | None = None,
+        response_format: ResponseFormat | None = None,
     ) -> Completion:
         """Run one stage to completion."""
         events = [
@@ -212,6 +221,8 @@ class AsyncClient:
                 sampling=sampling,
                 request_id=request_id,
                 timeout_s=timeout_s,
+                tools=tools,
+                response_format=response_format,
             )
         ]
         return _last(events)
@@ -284,6 +295,8 @@ class Client:
         sampling: Sampling = Sampling(),
         request_id: str | None = None,
         timeout_s: float | None = None,
+        tools: Tools | None = None,
+        response_format: ResponseFormat | None = None,
     ) -> Iterator[TextDelta | Completion]:
         req = _convert.generate_request(
             to_messages(messages),
@@ -294,6 +307,8 @@ class Client:
             sampling=sampling,
             request_id=request_id or new_request_id(),
             timeout_s=timeout_s,
+            tools=tools,
+            response_format=response_format,
         )
         replay = Replay()
         tries = self._retry.retrying_sync()
@@ -303,8 +318,9 @@ class Client:
                 for ev in self._one_try(req, timeout_s):
                     tries.progressed()
                     if isinstance(ev, TextDelta):
-                        if text := replay.fresh(ev.text, ev.attempt):
-                            yield TextDelta(text, ev.attempt)
+                        text = replay.fresh(ev.text, ev.attempt)
+                        if text or ev.tool_calls:
+                            yield TextDelta(text, ev.attempt, ev.tool_calls)
                     else:
                         yield ev
 
@@ -334,6 +350,8 @@ class Client:
         sampling: Sampling = Sampling(),
         request_id: str | None = None,
         timeout_s: float | None = None,
+        tools: Tools | None = None,
+        response_format: ResponseFormat | None = None,
     ) -> Completion:
         return _last(
             self.stream(
@@ -345,6 +363,8 @@ class Client:
                 sampling=sampling,
                 request_id=request_id,
                 timeout_s=timeout_s,
+                tools=tools,
+                response_format=response_format,
             )
         )
 

@@ -3,15 +3,67 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A function call of an answer (``Completion.tool_calls``), or of an assistant turn sent back."""
+
+    id: str
+    name: str
+    arguments: str  # a JSON object as text
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A streamed piece of tool call ``index``: id and name with its first piece, then argument pieces."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class Message:
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant turn's calls
+    tool_call_id: str = ""  # a "tool" turn: the call it answers
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A function the model may call; ``parameters`` is its arguments' JSON Schema."""
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] | None = None
+    strict: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Tools:
+    """The tools of a stage and how the model may use them: ``choice`` is "auto", "none", "required" or
+    the name of the one function it must call."""
+
+    functions: tuple[Tool, ...]
+    choice: str = "auto"
+    parallel: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseFormat:
+    """The shape the answer's text must have: "json_object", or "json_schema" with ``schema``."""
+
+    type: str = "json_schema"
+    schema: Mapping[str, Any] = field(default_factory=dict)
+    name: str = "response"
+    strict: bool = True
 
 
 # A message as callers like to write it: Message, ("user", "text"), {"role": ..., "content": ...}, or a
@@ -42,6 +94,11 @@ class Sampling:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +108,7 @@ class TextDelta:
 
     text: str
     attempt: int
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +125,7 @@ class DispatchTimings:
 class Completion:
     request_id: str
     text: str
-    finish_reason: str  # "stop" | "length" | "cancelled"
+    finish_reason: str  # "stop" | "length" | "cancelled" | "tool_calls"
     prompt_tokens: int
     completion_tokens: int
     model: str
@@ -81,6 +139,7 @@ class Completion:
     dispatch_timings: DispatchTimings = DispatchTimings()
     # The engine the policy chose when its queue was full and this workflow went to ``engine`` instead.
     browned_out_from: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

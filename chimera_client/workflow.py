@@ -13,7 +13,15 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from types import TracebackType
 from typing import Protocol
 
-from chimera_client.types import Completion, MessageLike, ProgramEnd, Sampling, TextDelta
+from chimera_client.types import (
+    Completion,
+    MessageLike,
+    ProgramEnd,
+    ResponseFormat,
+    Sampling,
+    TextDelta,
+    Tools,
+)
 
 # What a workflow needs of its client, so that this module does not import the client (which builds
 # workflows): ``AsyncClient`` and ``Client`` are the two implementations.
@@ -31,6 +39,8 @@ class AsyncStages(Protocol):
         sampling: Sampling = ...,
         request_id: str | None = ...,
         timeout_s: float | None = ...,
+        tools: Tools | None = ...,
+        response_format: ResponseFormat | None = ...,
     ) -> AsyncIterator[TextDelta | Completion]: ...
 
     async def generate(
@@ -44,6 +54,8 @@ class AsyncStages(Protocol):
         sampling: Sampling = ...,
         request_id: str | None = ...,
         timeout_s: float | None = ...,
+        tools: Tools | None = ...,
+        response_format: ResponseFormat | None = ...,
     ) -> Completion: ...
 
     async def end_program(self, program_id: str, outcome: float | None = ...) -> ProgramEnd: ...
@@ -61,6 +73,8 @@ class Stages(Protocol):
         sampling: Sampling = ...,
         request_id: str | None = ...,
         timeout_s: float | None = ...,
+        tools: Tools | None = ...,
+        response_format: ResponseFormat | None = ...,
     ) -> Iterator[TextDelta | Completion]: ...
 
     def generate(
@@ -74,6 +88,8 @@ class Stages(Protocol):
         sampling: Sampling = ...,
         request_id: str | None = ...,
         timeout_s: float | None = ...,
+        tools: Tools | None = ...,
+        response_format: ResponseFormat | None = ...,
     ) -> Completion: ...
 
     def end_program(self, program_id: str, outcome: float | None = ...) -> ProgramEnd: ...
@@ -129,6 +145,8 @@ class AsyncWorkflow(_State):
         sampling: Sampling = Sampling(),
         request_id: str | None = None,
         timeout_s: float | None = None,
+        tools: Tools | None = None,
+        response_format: ResponseFormat | None = None,
     ) -> AsyncIterator[TextDelta | Completion]:
         """Run the next stage, streaming; the stage index advances once its Completion arrives."""
         self._check_open()
@@ -141,6 +159,8 @@ class AsyncWorkflow(_State):
             sampling=sampling,
             request_id=request_id,
             timeout_s=timeout_s,
+            tools=tools,
+            response_format=response_format,
         ):
             yield self._done(ev) if isinstance(ev, Completion) else ev
 
@@ -151,6 +171,8 @@ class AsyncWorkflow(_State):
         sampling: Sampling = Sampling(),
         request_id: str | None = None,
         timeout_s: float | None = None,
+        tools: Tools | None = None,
+        response_format: ResponseFormat | None = None,
     ) -> Completion:
         """Run the next stage to completion."""
         self._check_open()
@@ -163,6 +185,8 @@ class AsyncWorkflow(_State):
             sampling=sampling,
             request_id=request_id,
             timeout_s=timeout_s,
+            tools=tools,
+            response_format=response_format,
         )
         return self._done(c)
 
@@ -196,6 +220,8 @@ class Workflow(_State):
         sampling: Sampling = Sampling(),
         request_id: str | None = None,
         timeout_s: float | None = None,
+        tools: Tools | None = None,
+        response_format: ResponseFormat | None = None,
     ) -> Iterator[TextDelta | Completion]:
         self._check_open()
         for ev in self._client.stream(
@@ -207,6 +233,8 @@ class Workflow(_State):
             sampling=sampling,
             request_id=request_id,
             timeout_s=timeout_s,
+            tools=tools,
+            response_format=response_format,
         ):
             yield self._done(ev) if isinstance(ev, Completion) else ev
 
@@ -217,6 +245,8 @@ class Workflow(_State):
         sampling: Sampling = Sampling(),
         request_id: str | None = None,
         timeout_s: float | None = None,
+        tools: Tools | None = None,
+        response_format: ResponseFormat | None = None,
     ) -> Completion:
         self._check_open()
         c = self._client.generate(
@@ -228,6 +258,8 @@ class Workflow(_State):
             sampling=sampling,
             request_id=request_id,
             timeout_s=timeout_s,
+            tools=tools,
+            response_format=response_format,
         )
         return self._done(c)
 
