@@ -64,12 +64,10 @@ def generate_request(
         temperature=sampling.temperature,
         top_p=sampling.top_p,
         stop=list(sampling.stop),
-        top_k=sampling.top_k,
-        min_p=sampling.min_p,
-        presence_penalty=sampling.presence_penalty,
-        frequency_penalty=sampling.frequency_penalty,
-        repetition_penalty=sampling.repetition_penalty,
     )
+    for name in ("top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+        if (value := getattr(sampling, name)) is not None:
+            setattr(s, name, value)
     if sampling.seed is not None:
         s.seed = sampling.seed
     req = pb.GenerateRequest(

@@ -94,11 +94,12 @@ class Sampling:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    top_k: int = 0  # 0: off
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    # None: the model's default (its generation config), else vLLM's neutral value.
+    top_k: int | None = None  # 0 or -1: off
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,9 +81,9 @@ def test_neutral_values_are_accepted() -> None:
     CompletionRequest.model_validate({**TEXT, "echo": False, "best_of": 1, "logprobs": 0})
 
 
-def test_an_explicit_null_means_the_default() -> None:
+def test_an_explicit_null_means_the_models_default() -> None:
     req = ChatCompletionRequest.model_validate({**CHAT, "temperature": None, "top_p": None})
-    assert (req.temperature, req.top_p) == (1.0, 1.0)
+    assert (req.temperature, req.top_p) == (None, None)
 
 
 def test_sampling_fields_are_taken_and_null_means_neutral() -> None:
@@ -97,7 +97,8 @@ def test_sampling_fields_are_taken_and_null_means_neutral() -> None:
         1.1,
     )
     nulls = ChatCompletionRequest.model_validate({**CHAT, **dict.fromkeys(fields)})
-    assert (nulls.top_k, nulls.min_p, nulls.presence_penalty) == (0, 0.0, 0.0)
+    # Unset and null alike mean the model's default, which the engine fills in (vllm_sampling).
+    assert (nulls.top_k, nulls.min_p, nulls.presence_penalty) == (None, None, None)
 
 
 def test_tools_and_the_choice_map_to_one_typed_form() -> None:
@@ -118,7 +119,9 @@ def test_a_json_schema_format_keeps_its_schema() -> None:
     got = ChatCompletionRequest.model_validate({**CHAT, "response_format": fmt}).format()
     assert got is not None and (got.type, got.name, got.strict) == ("json_schema", "point", True)
     assert json.loads(got.schema) == schema
-    assert ChatCompletionRequest.model_validate({**CHAT, "response_format": {"type": "text"}}).format() is None
+    assert (
+        ChatCompletionRequest.model_validate({**CHAT, "response_format": {"type": "text"}}).format() is None
+    )
 
 
 def test_a_tool_calling_history_is_taken() -> None:

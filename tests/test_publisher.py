@@ -11,8 +11,7 @@ from typing import Any, cast
 
 import pytest
 
-from services.common.queue import QueueStore
-from services.common.queue import DeltaItem
+from services.common.queue import DeltaItem, QueueStore
 from services.worker.publisher import DeltaPublisher
 
 pytestmark = pytest.mark.unit

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from services.common.chat import ToolCall, ToolCallPiece, piece_chars
 from services.common.keys import Keys
-from services.common.queue import QueueStore
+from services.common.queue import DeltaItem, QueueStore
 from services.common.queue_records import OutputEvent, Retention
 from services.common.types import (
     ChatMessage,
@@ -226,3 +227,21 @@ async def test_one_flush_is_one_call_and_one_notify_entry_for_many_requests(
     notes = json.loads(fields["m"])
     assert [(rid, ev["text"]) for rid, _, ev in notes] == [("a", "x"), ('b"q', "yz")]
     assert notes[1][1] == (await _events(q, 'b"q'))[0].stream_id
+
+
+async def test_tool_call_pieces_and_calls_travel_in_the_output_events(
+    redis_client: Redis, keys: Keys
+) -> None:
+    """A delta that carries only tool-call pieces still moves the attempt's position (so it is written), and
+    the final event carries the whole calls."""
+    q = QueueStore(redis_client, keys)
+    await q.enqueue("e0", _req("tc"), Prediction(10, 20), 10.0, time.time(), {})
+    (c,) = await q.claim("e0", "w1", 1, lease_s=5)
+    piece = ToolCallPiece(0, "c1", "add", '{"a": 1}')
+    assert await q.publish_deltas("e0", [DeltaItem("tc", 1, "", piece_chars(piece), (piece,))]) == [True]
+    call = ToolCall("c1", "add", '{"a": 1}')
+    assert await q.complete(c, StageResult("", "tool_calls", 3, 4, (call,)), None)
+    delta, final = [e.data for e in await _events(q, "tc")]
+    assert delta["tc"] == [piece.wire()] and delta["text"] == ""
+    assert final["tool_calls"] == [{"id": "c1", "name": "add", "arguments": '{"a": 1}'}]
+    assert final["finish_reason"] == "tool_calls"

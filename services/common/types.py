@@ -32,17 +32,19 @@ class ChatMessage:
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
+    """None: the engine's default for its model (a vLLM engine's generation config, as ``vllm serve``
+    applies it; a remote server's own), else vLLM's neutral value."""
+
     max_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
+    temperature: float | None = 0.0
+    top_p: float | None = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    # vLLM's own neutral values: 0 turns top-k off, 1.0 is no repetition penalty.
-    top_k: int = 0
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    top_k: int | None = None  # 0 or -1: off
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,19 +38,19 @@ class Intake:
     workflow: str
     messages: tuple[ChatMessage, ...]
     max_tokens: int | None  # None or 0: the dispatcher's default
-    temperature: float
-    top_p: float
+    temperature: float | None  # None: the model's default (SamplingParams)
+    top_p: float | None
     seed: int | None
     stop: tuple[str, ...]
     model: str = ""  # "" or "auto": the policy chooses; anything else pins the model
     request_id: str = ""  # "": a fresh id
     timeout_ms: int = 0  # 0: no deadline
     last_stage: bool = False  # the workflow ends with this stage (StageRequest.last_stage)
-    top_k: int = 0
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
     tool_use: ToolUse | None = None
     response_format: ResponseFormat | None = None
 

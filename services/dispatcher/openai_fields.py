@@ -1,4 +1,8 @@
-"""The OpenAI request fields the HTTP door knows but cannot honour yet, each refused by name.
+"""The OpenAI request fields the HTTP door knows but cannot honour yet, each refused by name, and what it does
+with the fields it honours.
+
+"The model's default" is what ``vllm serve`` uses for a field a request leaves unset: the model's
+generation config (``generation_config.json``), else vLLM's neutral value (OpenAI's 1.0 for temperature).
 
 NOTE(no silent drops): a client that sets ``tools`` or ``response_format`` and gets plain text back has been
 lied to; one that gets a 400 naming the field knows at once. So every such field is declared on the request
@@ -87,13 +91,13 @@ HONOURED: Mapping[str, tuple[str, str]] = {
     ),
     "prompt": ("text", "a string or a list of one string"),
     "max_tokens": ("both", "the stage's token limit (`max_completion_tokens` too, on chat)"),
-    "temperature": ("both", "sampling temperature; null means the default (1.0)"),
-    "top_p": ("both", "nucleus sampling; null means the default (1.0)"),
-    "top_k": ("both", "vLLM's top-k; 0 or -1 (and null) is off"),
-    "min_p": ("both", "vLLM's min-p; null means 0"),
-    "presence_penalty": ("both", "in [-2, 2]; null means 0"),
-    "frequency_penalty": ("both", "in [-2, 2]; null means 0"),
-    "repetition_penalty": ("both", "vLLM's, in (0, 2]; null means 1"),
+    "temperature": ("both", "sampling temperature; unset or null: the model's default (as vllm serve)"),
+    "top_p": ("both", "nucleus sampling; unset or null: the model's default"),
+    "top_k": ("both", "vLLM's top-k (0 or -1: off); unset or null: the model's default"),
+    "min_p": ("both", "vLLM's min-p; unset or null: the model's default"),
+    "presence_penalty": ("both", "in [-2, 2]; unset or null: the model's default"),
+    "frequency_penalty": ("both", "in [-2, 2]; unset or null: the model's default"),
+    "repetition_penalty": ("both", "vLLM's, in (0, 2]; unset or null: the model's default"),
     "seed": ("both", "per-request sampling seed"),
     "stop": ("both", f"up to {MAX_STOP_SEQUENCES} stop strings"),
     "n": ("both", "1 only: a stage has one answer (n > 1 is a 400)"),

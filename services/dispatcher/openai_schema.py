@@ -119,38 +119,23 @@ class StreamOptions(_Lenient):
 class _GenerationRequest(_Lenient):
     model: str = Field(min_length=1, description='"auto" lets Chimera choose; a model name pins it')
     max_tokens: int | None = Field(default=None, ge=1)
-    # OpenAI's documented default; the gRPC API's default is 0 (greedy), a deliberate difference. An explicit
-    # null means the default too, as OpenAI reads it.
-    temperature: float = 1.0
-    top_p: float = 1.0
+    # Unset or null: the model's default, as vllm serve takes it (its generation config, else OpenAI's 1.0).
+    # The gRPC API's default temperature is 0 (greedy), a deliberate difference.
+    temperature: float | None = None
+    top_p: float | None = None
     seed: int | None = Field(default=None, ge=0, lt=2**64)
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=1, description="one choice per request: a stage has one answer")
     stream: bool = False
     stream_options: StreamOptions | None = None
     metadata: dict[str, str] | None = None
-    # vLLM's sampling fields, as vllm serve takes them; null means the neutral value.
-    top_k: int = 0
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    # vLLM's sampling fields, as vllm serve takes them.
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
     logit_bias: Any = None
-
-    @field_validator(
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "presence_penalty",
-        "frequency_penalty",
-        "repetition_penalty",
-        mode="before",
-    )
-    @classmethod
-    def _null_is_default(cls, v: Any, info: ValidationInfo) -> Any:
-        assert info.field_name is not None
-        return cls.model_fields[info.field_name].default if v is None else v
 
     _sampling_refused = _refusing(SAMPLING_REFUSED)
 

@@ -181,22 +181,28 @@ def check_response_format(fmt: ResponseFormat) -> None:
         _json_object("response_format.json_schema.schema", fmt.schema or "{}")
 
 
+def _within(value: float | None, low: float, high: float, low_open: bool = False) -> bool:
+    """None (the model's default) or a finite number in [low, high] ((low, high] when ``low_open``)."""
+    if value is None:
+        return True
+    return math.isfinite(value) and (low < value if low_open else low <= value) and value <= high
+
+
 def check_sampling(s: SamplingParams) -> None:
-    if not (math.isfinite(s.temperature) and 0.0 <= s.temperature <= 2.0):
+    if not _within(s.temperature, 0.0, 2.0):
         raise InvalidRequest("temperature must be in [0, 2]")
-    if not (math.isfinite(s.top_p) and 0.0 < s.top_p <= 1.0):
+    if not _within(s.top_p, 0.0, 1.0, low_open=True):
         raise InvalidRequest("top_p must be in (0, 1]")
     if s.seed is not None and not 0 <= s.seed < 2**64:
         raise InvalidRequest("seed must be in [0, 2**64)")
-    if s.top_k < -1:
+    if s.top_k is not None and s.top_k < -1:
         raise InvalidRequest("top_k must be -1, 0 (both off) or a positive count")
-    if not (math.isfinite(s.min_p) and 0.0 <= s.min_p <= 1.0):
+    if not _within(s.min_p, 0.0, 1.0):
         raise InvalidRequest("min_p must be in [0, 1]")
     for name in ("presence_penalty", "frequency_penalty"):
-        value = getattr(s, name)
-        if not (math.isfinite(value) and -2.0 <= value <= 2.0):
+        if not _within(getattr(s, name), -2.0, 2.0):
             raise InvalidRequest(f"{name} must be in [-2, 2]")
-    if not (math.isfinite(s.repetition_penalty) and 0.0 < s.repetition_penalty <= 2.0):
+    if not _within(s.repetition_penalty, 0.0, 2.0, low_open=True):
         raise InvalidRequest("repetition_penalty must be in (0, 2]")
 
 

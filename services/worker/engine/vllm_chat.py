@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,11 +135,12 @@ def chat_call(request: StageRequest, model: str, parser_cls: Any, tokenizer: Any
     return ChatCall(vreq, parser_cls, tokenizer)
 
 
-def chat_sampling(call: ChatCall, max_tokens: int, stream_tokens: int) -> Any:
-    """vLLM's SamplingParams of the call's request model, streaming deltas."""
+def chat_sampling(call: ChatCall, max_tokens: int, stream_tokens: int, defaults: Mapping[str, Any]) -> Any:
+    """vLLM's SamplingParams of the call's request model, streaming deltas; an unset field takes the
+    model's default from ``defaults``, as vllm serve does."""
     from vllm.sampling_params import RequestOutputKind
 
-    params = call.vreq.to_sampling_params(max_tokens, {})
+    params = call.vreq.to_sampling_params(max_tokens, dict(defaults))
     params.output_kind = RequestOutputKind.DELTA
     params.stream_interval = stream_tokens
     return params

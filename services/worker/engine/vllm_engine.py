@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,6 +18,7 @@ from services.common.chat import ToolCallPiece
 from services.common.types import EngineProfile, SamplingParams, StageRequest
 from services.worker.engine.base import EngineDeadError, EngineOutput, EngineRequestError
 from services.worker.engine.machine import choose_dtype, cpu_flags, cpu_summary
+from services.worker.engine.openai_form import sampling_fields
 from services.worker.engine.vllm_chat import (
     ChatCall,
     chat_call,
@@ -96,23 +97,22 @@ def engine_args(cfg: VllmEngineConfig) -> Any:
     )
 
 
-def vllm_sampling(sampling: SamplingParams, max_tokens: int, stream_tokens: int = 1) -> Any:
+def vllm_sampling(
+    sampling: SamplingParams, max_tokens: int, stream_tokens: int = 1, defaults: Mapping[str, Any] = {}
+) -> Any:
     """Our sampling knobs as vLLM's, streaming deltas (each output carries only the new tokens, and only
-    every ``stream_tokens`` tokens: vLLM holds the rest back, the first token and the last excepted)."""
+    every ``stream_tokens`` tokens: vLLM holds the rest back, the first token and the last excepted). A
+    field left unset takes the model's default from ``defaults`` (its generation config), else vLLM's."""
     from vllm.sampling_params import RequestOutputKind
     from vllm.sampling_params import SamplingParams as VSamplingParams
 
+    chosen = {k: v for k, v in sampling_fields(sampling).items() if k != "seed" and k != "stop"}
+    given = {k: defaults[k] if v is None else v for k, v in chosen.items() if v is not None or k in defaults}
     return VSamplingParams(
         max_tokens=max_tokens,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
         seed=sampling.seed,
         stop=list(sampling.stop) or None,
-        top_k=sampling.top_k,
-        min_p=sampling.min_p,
-        presence_penalty=sampling.presence_penalty,
-        frequency_penalty=sampling.frequency_penalty,
-        repetition_penalty=sampling.repetition_penalty,
+        **given,
         output_kind=RequestOutputKind.DELTA,
         stream_interval=stream_tokens,
     )
@@ -128,6 +128,7 @@ class VllmEngine:
         self._llm: Any = None
         self._tokenizer: Any = None
         self._parser_cls: Any = None
+        self._defaults: dict[str, Any] = {}  # the model's sampling defaults (its generation config)
         self._active: set[str] = set()
         # Aborts that arrive before generate() has handed the request to vLLM.
         self._aborted: set[str] = set()
@@ -153,6 +154,7 @@ class VllmEngine:
         self._llm = AsyncLLM.from_engine_args(engine_args(self.cfg))
         self._tokenizer = self._llm.get_tokenizer()
         self._parser_cls = tool_parser_class(self.cfg.tool_parser, self._tokenizer, self.model)
+        self._defaults = dict(self._llm.model_config.get_diff_sampling_param())
         log.info("vllm engine %s ready (max_num_seqs=%d, %s)", self.model, self.max_num_seqs, self.setup)
 
     async def stop(self) -> None:
@@ -198,9 +200,9 @@ class VllmEngine:
         call: ChatCall | None = None
         if needs_chat_request(request):
             call = chat_call(request, self.model, self._parser_cls, self._tokenizer)
-            params = chat_sampling(call, max_tokens, self.cfg.stream_tokens)
+            params = chat_sampling(call, max_tokens, self.cfg.stream_tokens, self._defaults)
         else:
-            params = vllm_sampling(request.sampling, max_tokens, self.cfg.stream_tokens)
+            params = vllm_sampling(request.sampling, max_tokens, self.cfg.stream_tokens, self._defaults)
         self._active.add(key)
         completion = 0
         prompt_tokens = 0
