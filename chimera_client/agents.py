@@ -9,10 +9,11 @@ stage, over the gRPC SDK (streamed for ``Runner.run_streamed``). The answer goes
 formats through its own converters (chat completion -> Responses items and stream events), so the Runner
 sees what it would see from an OpenAI chat-completions model.
 
-Tools: the engines behind Chimera generate plain text, so a model call does not choose tools itself. A
-call whose ``tool_choice`` names one tool or handoff (or is "required" with exactly one offered) answers
-with that call, arguments ``{}``, after its text: that is how an agent hands off to the next
-(``ModelSettings(tool_choice="transfer_to_coder")``); its text stays in the history the next agent reads.
+Tools, handoffs and an ``output_type`` go to the engine as OpenAI tools and a ``json_schema`` format, through
+the SDK's own converters; the engine's vLLM tool parser answers with real calls (their arguments the
+model's), which the Runner executes; the history, tool calls and results included, goes back as chat turns.
+The model settings (tool_choice, parallel_tool_calls, temperature, top_p, max_tokens, the penalties) are
+passed on.
 
 Needs ``openai-agents`` (the ``openai-agents`` extra).
 """
@@ -32,14 +33,25 @@ from agents.items import TResponseInputItem, TResponseStreamEvent
 from agents.models.chatcmpl_converter import Converter
 from agents.models.chatcmpl_stream_handler import ChatCmplStreamHandler
 from agents.models.interface import ModelTracing
+from openai import Omit
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessage, ChatCompletionMessageToolCall
 from openai.types.chat.chat_completion_chunk import ChoiceDelta, ChoiceDeltaToolCall
 from openai.types.completion_usage import CompletionUsage
 from openai.types.responses import Response
 
 from chimera_client.client import DEFAULT_ADDR, AsyncClient
-from chimera_client.program import ProgramRun, StageRecord, chat_messages
-from chimera_client.types import Completion, Message, ProgramEnd, Sampling, TextDelta
+from chimera_client.program import ProgramRun, StageRecord
+from chimera_client.types import (
+    Completion,
+    Message,
+    ProgramEnd,
+    ResponseFormat,
+    Sampling,
+    TextDelta,
+    ToolCall,
+    Tools,
+)
+from chimera_client.types import Tool as ChimeraTool
 
 __all__ = ["ChimeraModel", "ChimeraModelProvider"]
 
@@ -98,13 +110,35 @@ class ChimeraModelProvider(ModelProvider):
         await self.end()
 
 
-def _forced_call(settings: ModelSettings, tools: list[Tool], handoffs: list[Handoff]) -> str | None:
-    """The tool or handoff the call must answer with, if its tool_choice leaves exactly one."""
-    names = [h.tool_name for h in handoffs] + [t.name for t in tools]
-    choice = settings.tool_choice
-    if isinstance(choice, str) and choice in names:
-        return choice
-    return names[0] if choice == "required" and len(names) == 1 else None
+def _tools(settings: ModelSettings, tools: list[Tool], handoffs: list[Handoff]) -> Tools | None:
+    """The agent's tools and handoffs as OpenAI tools (the SDK's converters), with its tool choice."""
+    specs = [Converter.tool_to_openai(t) for t in tools] + [
+        Converter.convert_handoff_tool(h) for h in handoffs
+    ]
+    if not specs:
+        return None
+    functions = []
+    for spec in specs:
+        f: dict[str, Any] = dict(spec["function"])
+        functions.append(
+            ChimeraTool(f["name"], f.get("description", ""), f.get("parameters"), bool(f.get("strict")))
+        )
+    choice: Any = Converter.convert_tool_choice(settings.tool_choice)
+    if isinstance(choice, Omit):
+        choice = "auto"
+    elif isinstance(choice, dict):
+        choice = choice["function"]["name"]
+    return Tools(tuple(functions), str(choice), settings.parallel_tool_calls is not False)
+
+
+def _format(output_schema: AgentOutputSchemaBase | None) -> ResponseFormat | None:
+    fmt = Converter.convert_response_format(output_schema)
+    if isinstance(fmt, Omit) or fmt.get("type") != "json_schema":
+        return None
+    spec = dict(fmt["json_schema"])  # type: ignore[typeddict-item]
+    return ResponseFormat(
+        "json_schema", spec.get("schema") or {}, spec.get("name", "final_output"), bool(spec.get("strict"))
+    )
 
 
 def _text(content: Any) -> str:
@@ -114,21 +148,29 @@ def _text(content: Any) -> str:
     return "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
 
 
-def _turns(items: str | list[TResponseInputItem]) -> list[tuple[str, str]]:
-    """The run's history as plain chat turns: the SDK's own converter to chat-completion messages, then
-    tool calls and their results written out as text, since the engines see plain chat."""
-    turns = []
+def _turns(system: str | None, items: str | list[TResponseInputItem]) -> tuple[Message, ...]:
+    """The run's history as chat turns (the SDK's own converter to chat-completion messages), its tool
+    calls and tool results included."""
+    turns = [Message("system", system)] if system else []
     for m in Converter.items_to_messages(items):
         msg: dict[str, Any] = dict(m)
-        text = _text(msg.get("content"))
-        calls = [c["function"]["name"] for c in msg.get("tool_calls") or () if "function" in c]
-        if calls:
-            text = "\n".join([text, *(f"(called {name})" for name in calls)]).strip()
-        if msg["role"] == "tool":
-            text = f"(tool result) {text}"
-        if text:
-            turns.append((str(msg["role"]), text))
-    return turns
+        calls = tuple(
+            ToolCall(c["id"], c["function"]["name"], c["function"].get("arguments") or "{}")
+            for c in msg.get("tool_calls") or ()
+            if "function" in c
+        )
+        role = "system" if msg["role"] == "developer" else str(msg["role"])
+        turns.append(Message(role, _text(msg.get("content")), calls, str(msg.get("tool_call_id") or "")))
+    return tuple(turns)
+
+
+def _openai_calls(calls: tuple[ToolCall, ...]) -> list[ChatCompletionMessageToolCall] | None:
+    return [
+        ChatCompletionMessageToolCall.model_validate(
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        )
+        for c in calls
+    ] or None
 
 
 class ChimeraModel(Model):
@@ -139,17 +181,26 @@ class ChimeraModel(Model):
         self.model = model
 
     def _request(
-        self, system: str | None, items: str | list[TResponseInputItem], settings: ModelSettings
+        self,
+        system: str | None,
+        items: str | list[TResponseInputItem],
+        settings: ModelSettings,
+        tools: list[Tool],
+        handoffs: list[Handoff],
+        output_schema: AgentOutputSchemaBase | None,
     ) -> tuple[tuple[Message, ...], dict[str, Any]]:
         p = self.provider
         if p.ended is not None:
             raise RuntimeError(f"program {p.run.program_id} has ended: a ChimeraModelProvider is one run")
         stage = p.run.next_stage()
-        sampling = p.sampling
-        if settings.max_tokens is not None:
-            sampling = replace(sampling, max_tokens=settings.max_tokens)
-        if settings.temperature is not None:
-            sampling = replace(sampling, temperature=settings.temperature)
+        given: dict[str, Any] = {
+            "max_tokens": settings.max_tokens,
+            "temperature": settings.temperature,
+            "top_p": settings.top_p,
+            "presence_penalty": settings.presence_penalty,
+            "frequency_penalty": settings.frequency_penalty,
+        }
+        sampling = replace(p.sampling, **{k: v for k, v in given.items() if v is not None})
         args = {
             "program_id": p.run.program_id,
             "stage": stage,
@@ -157,8 +208,10 @@ class ChimeraModel(Model):
             "model": self.model,
             "sampling": sampling,
             "timeout_s": p.timeout_s,
+            "tools": _tools(settings, tools, handoffs),
+            "response_format": _format(output_schema),
         }
-        return chat_messages(system, _turns(items)), args
+        return _turns(system, items), args
 
     async def get_response(
         self,
@@ -174,12 +227,15 @@ class ChimeraModel(Model):
         conversation_id: str | None,
         prompt: Any | None,
     ) -> ModelResponse:
-        messages, args = self._request(system_instructions, input, model_settings)
+        messages, args = self._request(
+            system_instructions, input, model_settings, tools, handoffs, output_schema
+        )
         c = await self.provider.client.generate(messages, **args)
         self.provider.run.record(StageRecord.of(c, args["stage"]))
-        forced = _forced_call(model_settings, tools, handoffs)
-        calls = [_tool_call(forced)] if forced else None
-        message = ChatCompletionMessage(role="assistant", content=c.text, tool_calls=calls)
+        content = c.text or None if c.tool_calls else c.text
+        message = ChatCompletionMessage(
+            role="assistant", content=content, tool_calls=_openai_calls(c.tool_calls)
+        )
         return ModelResponse(
             output=Converter.message_to_output_items(message),
             usage=Usage(
@@ -206,8 +262,9 @@ class ChimeraModel(Model):
         conversation_id: str | None,
         prompt: Any | None,
     ) -> AsyncIterator[TResponseStreamEvent]:
-        messages, args = self._request(system_instructions, input, model_settings)
-        forced = _forced_call(model_settings, tools, handoffs)
+        messages, args = self._request(
+            system_instructions, input, model_settings, tools, handoffs, output_schema
+        )
         response = Response(
             id=f"chimera-{uuid.uuid4().hex}",
             created_at=time.time(),
@@ -218,16 +275,17 @@ class ChimeraModel(Model):
             tools=[],
             parallel_tool_calls=False,
         )
-        chunks = self._chunks(self.provider.client.stream(messages, **args), args["stage"], forced)
+        chunks = self._chunks(self.provider.client.stream(messages, **args), args["stage"])
         async for event in ChatCmplStreamHandler.handle_stream(response, chunks, model=self.model):  # type: ignore[arg-type]
             yield event
 
     async def _chunks(
-        self, events: AsyncIterator[TextDelta | Completion], stage: int, forced: str | None
+        self, events: AsyncIterator[TextDelta | Completion], stage: int
     ) -> AsyncIterator[ChatCompletionChunk]:
         """The stage's SDK stream as chat-completion chunks, the shape the Agents SDK's stream handler
         turns into Responses events. Only the first attempt's text is streamed (see
-        ``chimera_client.langchain._Fold``); what the final answer adds past it comes last."""
+        ``chimera_client.langchain._Fold``); what the final answer adds past it comes last, with its
+        tool calls whole (the handler assembles calls by index)."""
         sent, attempt = "", None
         async for ev in events:
             if isinstance(ev, TextDelta):
@@ -239,23 +297,17 @@ class ChimeraModel(Model):
             self.provider.run.record(StageRecord.of(ev, stage))
             if len(ev.text) > len(sent) and ev.text.startswith(sent):
                 yield _chunk(ChoiceDelta(content=ev.text[len(sent) :]))
-            calls = None
-            if forced:
-                call = _tool_call(forced).model_dump()
-                calls = [ChoiceDeltaToolCall.model_validate({"index": 0, **call})]
+            calls = [
+                ChoiceDeltaToolCall.model_validate({"index": i, **call.model_dump()})
+                for i, call in enumerate(_openai_calls(ev.tool_calls) or ())
+            ] or None
             usage = CompletionUsage(
                 prompt_tokens=ev.prompt_tokens,
                 completion_tokens=ev.completion_tokens,
                 total_tokens=ev.prompt_tokens + ev.completion_tokens,
             )
-            finish = "tool_calls" if forced else ("length" if ev.finish_reason == "length" else "stop")
+            finish = "tool_calls" if calls else ("length" if ev.finish_reason == "length" else "stop")
             yield _chunk(ChoiceDelta(tool_calls=calls), finish, usage)
-
-
-def _tool_call(name: str) -> ChatCompletionMessageToolCall:
-    return ChatCompletionMessageToolCall.model_validate(
-        {"id": f"call_{uuid.uuid4().hex}", "type": "function", "function": {"name": name, "arguments": "{}"}}
-    )
 
 
 def _chunk(

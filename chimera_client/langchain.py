@@ -6,32 +6,75 @@ Streaming goes through the SDK's stream (each token as LangChain's ``on_llm_new_
 stage's model, engine and queue wait are on the message (``response_metadata["chimera"]``) and in the
 run's ``stages``.
 
+Tools: ``bind_tools`` passes LangChain tools (any form ``convert_to_openai_tool`` takes) and the tool choice
+to the engine, whose vLLM tool parser returns calls as ``AIMessage.tool_calls``; ``ToolMessage`` results go
+back as tool turns, so a ``ToolNode`` graph (LangGraph's ``create_react_agent``) runs through Chimera.
+``with_structured_output`` is LangChain's own, on top of ``bind_tools``.
+
 Needs ``langchain-core`` (the ``langgraph`` extra).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+import json
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from chimera_client.client import DEFAULT_ADDR, AsyncClient, Client
 from chimera_client.errors import ChimeraError
 from chimera_client.program import ProgramRun, StageRecord, current_run
-from chimera_client.types import Completion, Message, Sampling, TextDelta
+from chimera_client.types import Completion, Message, Sampling, TextDelta, Tool, ToolCall, Tools
 
 DEFAULT_WORKFLOW = "default"
-_ROLES = {"system": "system", "human": "user", "ai": "assistant"}
+_ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
+# LangChain's names for "some tool must be called" (OpenAI's "required").
+_REQUIRED = ("any", "required", True)
+
+
+def _message(m: BaseMessage) -> Message:
+    if isinstance(m, ToolMessage):
+        return Message("tool", str(m.text), tool_call_id=m.tool_call_id)
+    calls = tuple(
+        ToolCall(c.get("id") or "", c["name"], json.dumps(c["args"])) for c in getattr(m, "tool_calls", ())
+    )
+    return Message(_ROLES.get(m.type, "user"), str(m.text), calls)
 
 
 def to_chimera(messages: Sequence[BaseMessage]) -> tuple[Message, ...]:
-    """LangChain messages as the dispatcher's three roles; tool results become user turns, since the
-    engines behind Chimera see plain chat."""
-    return tuple(Message(_ROLES.get(m.type, "user"), str(m.text)) for m in messages)
+    """LangChain messages as chat turns, tool calls and tool results included."""
+    return tuple(_message(m) for m in messages)
+
+
+def to_tools(tools: Sequence[Any], tool_choice: Any = None) -> Tools:
+    """LangChain tools (functions, pydantic models, ``BaseTool``s, OpenAI dicts) and choice, as the SDK's."""
+    functions = []
+    for t in tools:
+        spec = convert_to_openai_tool(t)["function"]
+        functions.append(Tool(spec["name"], spec.get("description", ""), spec.get("parameters"), False))
+    if tool_choice in (None, "auto"):
+        choice = "auto"
+    elif tool_choice in _REQUIRED:
+        choice = "required"
+    elif isinstance(tool_choice, dict):
+        choice = tool_choice["function"]["name"]
+    else:
+        choice = str(tool_choice)  # "none", or a tool's name
+    return Tools(tuple(functions), choice)
+
+
+def _lc_calls(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
+    return [
+        {"name": c.name, "args": json.loads(c.arguments or "{}"), "id": c.id, "type": "tool_call"}
+        for c in calls
+    ]
 
 
 def chimera_metadata(c: Completion, stage: int) -> dict[str, Any]:
@@ -83,7 +126,19 @@ class _Fold:
             raise ChimeraError("ABORTED", f"request {ev.request_id} was re-run and its streamed text changed")
         self.run.record(StageRecord.of(ev, self.stage))
         rest = ev.text[len(self.sent) :]
-        return ChatGenerationChunk(message=AIMessageChunk(content=rest, **_final_fields(ev, self.stage)))
+        # The calls come whole with the final chunk: LangChain merges chunks by index, and the whole call is
+        # what the answer says (a streamed piece of a re-run could differ).
+        chunks = [
+            {"name": c.name, "args": c.arguments, "id": c.id, "index": i, "type": "tool_call_chunk"}
+            for i, c in enumerate(ev.tool_calls)
+        ]
+        message = AIMessageChunk(content=rest, tool_call_chunks=chunks, **_final_fields(ev, self.stage))
+        return ChatGenerationChunk(message=message)
+
+
+def _result(c: Completion, stage: int) -> ChatResult:
+    message = AIMessage(c.text, tool_calls=_lc_calls(c.tool_calls), **_final_fields(c, stage))
+    return ChatResult(generations=[ChatGeneration(message=message)])
 
 
 class ChimeraChatModel(BaseChatModel):
@@ -113,7 +168,20 @@ class ChimeraChatModel(BaseChatModel):
         run = ProgramRun(DEFAULT_WORKFLOW)
         return run, run.next_stage(), True
 
-    def _args(self, run: ProgramRun, stage: int, stop: list[str] | None) -> dict[str, Any]:
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: str | dict[str, Any] | bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """This model with ``tools`` offered on every call (``tool_choice``: "auto", "none", "any" or
+        "required", or a tool's name)."""
+        return self.bind(chimera_tools=to_tools(tools, tool_choice), **kwargs)
+
+    def _args(
+        self, run: ProgramRun, stage: int, stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
         return {
             "program_id": run.program_id,
             "stage": stage,
@@ -121,6 +189,7 @@ class ChimeraChatModel(BaseChatModel):
             "model": self.model,
             "sampling": self._sampling(stop),
             "timeout_s": self.timeout_s,
+            "tools": kwargs.get("chimera_tools"),
         }
 
     # A channel per call: LangChain may call a model from any thread or event loop, and a gRPC aio
@@ -136,12 +205,12 @@ class ChimeraChatModel(BaseChatModel):
         run, stage, own = self._stage()
         with Client(self.addr, api_key=self.api_key) as client:
             try:
-                c = client.generate(to_chimera(messages), **self._args(run, stage, stop))
+                c = client.generate(to_chimera(messages), **self._args(run, stage, stop, kwargs))
             finally:
                 if own:
                     client.end_program(run.program_id)
         run.record(StageRecord.of(c, stage))
-        return ChatResult(generations=[ChatGeneration(message=AIMessage(c.text, **_final_fields(c, stage)))])
+        return _result(c, stage)
 
     async def _agenerate(
         self,
@@ -153,12 +222,12 @@ class ChimeraChatModel(BaseChatModel):
         run, stage, own = self._stage()
         async with AsyncClient(self.addr, api_key=self.api_key) as client:
             try:
-                c = await client.generate(to_chimera(messages), **self._args(run, stage, stop))
+                c = await client.generate(to_chimera(messages), **self._args(run, stage, stop, kwargs))
             finally:
                 if own:
                     await client.end_program(run.program_id)
         run.record(StageRecord.of(c, stage))
-        return ChatResult(generations=[ChatGeneration(message=AIMessage(c.text, **_final_fields(c, stage)))])
+        return _result(c, stage)
 
     def _stream(
         self,
@@ -171,7 +240,7 @@ class ChimeraChatModel(BaseChatModel):
         fold = _Fold(run, stage)
         with Client(self.addr, api_key=self.api_key) as client:
             try:
-                for ev in client.stream(to_chimera(messages), **self._args(run, stage, stop)):
+                for ev in client.stream(to_chimera(messages), **self._args(run, stage, stop, kwargs)):
                     if (chunk := fold.chunk(ev)) is not None:
                         if run_manager is not None and chunk.text:
                             run_manager.on_llm_new_token(chunk.text, chunk=chunk)
@@ -191,7 +260,7 @@ class ChimeraChatModel(BaseChatModel):
         fold = _Fold(run, stage)
         async with AsyncClient(self.addr, api_key=self.api_key) as client:
             try:
-                async for ev in client.stream(to_chimera(messages), **self._args(run, stage, stop)):
+                async for ev in client.stream(to_chimera(messages), **self._args(run, stage, stop, kwargs)):
                     if (chunk := fold.chunk(ev)) is not None:
                         if run_manager is not None and chunk.text:
                             await run_manager.on_llm_new_token(chunk.text, chunk=chunk)

@@ -1,0 +1,114 @@
+"""Tool-using agents of the real frameworks through both doors of a real stack (every service a process):
+LangGraph's prebuilt ``create_react_agent`` with a ``ToolNode`` on ``ChimeraChatModel`` and on ``ChatOpenAI``
+pointed at the HTTP door, and an OpenAI Agents SDK agent with a function tool over the gRPC provider and
+over the HTTP door.
+
+The engines are SIMULATED (a measuring instrument): they call the first offered tool with placeholder
+arguments (its schema's required properties: an integer is 1) until a tool's result comes back, then answer
+in text, deterministically (services.worker.engine.simulated_inputs.simulated_call). So these tests show the
+plumbing (tools in, calls out as the frameworks' own types, results back as tool turns, the loop ending),
+not a model's skill: tests/test_tools_vllm.py and bench/results/tools.md run a real model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from dispatcher_fakes import simulated_stack
+
+from services.launcher.stack import Stack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with simulated_stack(tmp_path_factory.mktemp("frameworks-tools")) as s:
+        yield s
+
+
+class Adder:
+    """An ``add`` tool that remembers what it was called with."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    def add(self, a: int, b: int) -> int:
+        """Add two integers."""
+        self.calls.append((a, b))
+        return a + b
+
+
+def _react_agent(llm: object, adder: Adder) -> object:
+    from langchain_core.tools import tool
+    from langgraph.prebuilt import create_react_agent
+
+    return create_react_agent(llm, [tool(adder.add)])
+
+
+@pytest.mark.parametrize("door", ["grpc", "http"])
+def test_a_langgraph_react_agent_calls_its_tool_and_finishes(stack: Stack, door: str) -> None:
+    from langchain_core.messages import AIMessage, ToolMessage
+
+    if door == "grpc":
+        from chimera_client.langchain import ChimeraChatModel
+
+        llm: object = ChimeraChatModel(addr=stack.dispatcher_addr, max_tokens=16)
+    else:
+        from langchain_openai import ChatOpenAI
+
+        llm = ChatOpenAI(
+            base_url=f"http://{stack.http_addr}/v1", api_key="unused", model="auto", max_tokens=16
+        )
+    adder = Adder()
+    out = _react_agent(llm, adder).invoke({"messages": [("user", "What is 1 plus 1? Use add.")]})  # type: ignore[attr-defined]
+    messages = out["messages"]
+    assert adder.calls == [(1, 1)]  # the simulated engine's call, executed by the ToolNode
+    calls = [m for m in messages if isinstance(m, AIMessage) and m.tool_calls]
+    assert len(calls) == 1 and calls[0].tool_calls[0]["name"] == "add"
+    results = [m for m in messages if isinstance(m, ToolMessage)]
+    assert [r.content for r in results] == ["2"] and results[0].tool_call_id == calls[0].tool_calls[0]["id"]
+    last = messages[-1]
+    assert isinstance(last, AIMessage) and not last.tool_calls and last.content
+
+
+def test_a_langchain_model_streams_its_call(stack: Stack) -> None:
+    from langchain_core.tools import tool
+
+    from chimera_client.langchain import ChimeraChatModel
+
+    adder = Adder()
+    llm = ChimeraChatModel(addr=stack.dispatcher_addr, max_tokens=16).bind_tools(
+        [tool(adder.add)], tool_choice="any"
+    )
+    whole = None
+    for chunk in llm.stream("Add 2 and 3."):
+        whole = chunk if whole is None else whole + chunk
+    assert whole is not None and [c["name"] for c in whole.tool_calls] == ["add"]
+    assert whole.tool_calls[0]["args"] == {"a": 1, "b": 1}
+
+
+@pytest.mark.parametrize("door", ["grpc", "http"])
+async def test_an_agents_sdk_agent_calls_its_function_tool_and_finishes(stack: Stack, door: str) -> None:
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool
+    from openai import AsyncOpenAI
+
+    from chimera_client.agents import ChimeraModelProvider
+
+    adder = Adder()
+    agent_tool = function_tool(adder.add)
+    if door == "grpc":
+        async with ChimeraModelProvider("tools/add", addr=stack.dispatcher_addr, timeout_s=60) as chimera:
+            agent = Agent(name="calc", instructions="Use add.", tools=[agent_tool])
+            result = await Runner.run(agent, "What is 1 plus 1?", run_config=chimera.run_config())
+        assert [s.stage for s in chimera.run.stages] == [0, 1]  # the call and the answer: one program
+    else:
+        client = AsyncOpenAI(base_url=f"http://{stack.http_addr}/v1", api_key="unused", max_retries=0)
+        model = OpenAIChatCompletionsModel(model="auto", openai_client=client)
+        agent = Agent(name="calc", instructions="Use add.", tools=[agent_tool], model=model)
+        from agents import RunConfig
+
+        result = await Runner.run(agent, "What is 1 plus 1?", run_config=RunConfig(tracing_disabled=True))
+        await client.close()
+    assert adder.calls == [(1, 1)]
+    assert isinstance(result.final_output, str) and result.final_output
