@@ -76,6 +76,9 @@ bench-predictors-report: proto  ## rewrite bench/results/predictors.md and its t
 bench-real:  ## router and predictor trained on the real outcomes of bench/data/real/, 5 folds held out by problem (bench/results/real.*, seconds)
 	$(PY) -m bench.real
 
+bench-tools: proto  ## tool-call success through Chimera against vllm serve, same model and prompts (bench/results/tools.*, ~15 min)
+	$(PY) -m bench.tools
+
 bench-engine-setup: proto  ## CPU engine dtype (bf16/fp32) and thread binding side by side, one and two engines (bench/results/engine_setup.*, ~15 min)
 	$(PY) -m bench.engine_setup
 

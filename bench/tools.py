@@ -218,6 +218,15 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
+def _same(sides: dict[str, Any]) -> str:
+    a, b = (s["rows"] for s in sides.values())
+    same = sum(
+        (x["text"], x["calls"], x["right"]) == (y["text"], y["calls"], y["right"])
+        for x, y in zip(a, b, strict=True)
+    )
+    return f"{same}/{len(a)}"
+
+
 def markdown(result: dict[str, Any]) -> str:
     sides = result["sides"]
     keys = list(next(iter(sides.values()))["summary"])
@@ -237,6 +246,8 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         *table(["request", *sides], rows),
         "",
+        f"Answers the same on both sides (text, number of calls and verdict): {_same(sides)}.",
+        "",
     ])  # fmt: skip
 
 
@@ -244,7 +255,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2.5-coder-0.5b", choices=sorted(SERVED))
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--report", action="store_true", help="rewrite tools.md from the committed tools.json")
     args = ap.parse_args()
+    if args.report:
+        (args.out / "tools.md").write_text(markdown(json.loads((args.out / "tools.json").read_text())))
+        return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     from services.worker.models import resolve_model
 

@@ -36,6 +36,10 @@ class SamplingParams:
     applies it; a remote server's own), else vLLM's neutral value."""
 
     max_tokens: int = 256
+    # An HTTP caller gave no max_tokens: the engine generates up to the end of the model's context, as vllm
+    # serve does, and max_tokens (the dispatcher's default) is only the bound its estimates use (the last
+    # stage's prediction cap, a tenant's token charge), so those are unchanged by it.
+    to_context: bool = False
     temperature: float | None = 0.0
     top_p: float | None = 1.0
     seed: int | None = None

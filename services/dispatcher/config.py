@@ -138,7 +138,10 @@ class DispatcherSettings(CommonSettings):
         default=3600, ge=1, description="an idle program's assignment expires after this"
     )
     max_tokens_default: int = Field(
-        default=256, ge=1, description="max_tokens when the request leaves it at 0"
+        default=256,
+        ge=1,
+        description="max_tokens of a gRPC request that sets none; for an HTTP request that sets none (which "
+        "runs to the end of the model's context, as vllm serve), what the estimates take",
     )
     max_tokens_limit: int = Field(default=8192, ge=1, description="largest max_tokens a request may ask for")
     max_prompt_chars: int = Field(

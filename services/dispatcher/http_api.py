@@ -135,6 +135,7 @@ class OpenAIFrontDoor:
             presence_penalty=body.presence_penalty,
             frequency_penalty=body.frequency_penalty,
             repetition_penalty=body.repetition_penalty,
+            to_context=max_tokens is None,
             tool_use=body.tool_use() if isinstance(body, ChatCompletionRequest) else None,
             response_format=body.format() if isinstance(body, ChatCompletionRequest) else None,
         )

@@ -53,6 +53,8 @@ class Intake:
     repetition_penalty: float | None = None
     tool_use: ToolUse | None = None
     response_format: ResponseFormat | None = None
+    # No max_tokens means the rest of the context (the HTTP door, as vllm serve), not the default.
+    to_context: bool = False
 
 
 def next_stage(program: Mapping[str, str]) -> int:
@@ -81,6 +83,7 @@ def stage_request(intake: Intake, stage: int, settings: DispatcherSettings, now:
         messages=intake.messages,
         sampling=SamplingParams(
             max_tokens=intake.max_tokens or settings.max_tokens_default,
+            to_context=intake.to_context and not intake.max_tokens,
             temperature=intake.temperature,
             top_p=intake.top_p,
             seed=intake.seed if intake.seed is not None else request_seed(request_id),

@@ -90,7 +90,11 @@ HONOURED: Mapping[str, tuple[str, str]] = {
         " assistant turn's `tool_calls` and a tool turn's `tool_call_id` go to the chat template",
     ),
     "prompt": ("text", "a string or a list of one string"),
-    "max_tokens": ("both", "the stage's token limit (`max_completion_tokens` too, on chat)"),
+    "max_tokens": (
+        "both",
+        "the stage's token limit (`max_completion_tokens` too, on chat); unset: up to the end of the"
+        " model's context, as vllm serve",
+    ),
     "temperature": ("both", "sampling temperature; unset or null: the model's default (as vllm serve)"),
     "top_p": ("both", "nucleus sampling; unset or null: the model's default"),
     "top_k": ("both", "vLLM's top-k (0 or -1: off); unset or null: the model's default"),

@@ -26,6 +26,7 @@ def _simulated(s: WorkerSettings, startup: StartupSink) -> Engine:
         fault_die_after_s=s.sim_fault_die_after_s,
         stream_tokens=s.stream_tokens,
         fault_die_file=s.sim_fault_die_file,
+        max_model_len=s.max_model_len,
     )
 
 

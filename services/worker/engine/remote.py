@@ -108,7 +108,8 @@ def chat_body(
     body: dict[str, Any] = {
         "model": model,
         "messages": openai_messages(request.messages),
-        "max_tokens": request.sampling.max_tokens,
+        # Unset: the server generates up to its context's end.
+        **({} if request.sampling.to_context else {"max_tokens": request.sampling.max_tokens}),
         **fields,
         **openai_fields(request),
         "stream": True,

@@ -76,6 +76,7 @@ class SimulatedEngine:
         fault_die_after_s: float | None = None,
         stream_tokens: int = 1,
         fault_die_file: str = "",
+        max_model_len: int = 2048,
     ) -> None:
         """``fault_die_after_s`` and ``fault_die_file`` are FAULT INJECTION for tests: the step loop dies that
         long after start, or once that file appears, as a real engine process would (running requests
@@ -85,6 +86,7 @@ class SimulatedEngine:
         self.model = model
         self.max_num_seqs = max_num_seqs or profile.max_batch_size
         self.time_scale = time_scale
+        self.max_model_len = max_model_len
         self.stream_tokens = max(1, stream_tokens)  # as vLLM's stream_interval: the first token at once
         self._profile = profile
         self._lengths: LengthModel = lengths or LognormalLengths()
@@ -207,8 +209,11 @@ class SimulatedEngine:
         call = simulated_call(request)
         # A call's length is its arguments' (about four characters a token, the first token its name).
         wanted = 1 + len(call.arguments) // 4 if call else max(1, int(self._lengths(request)))
-        cap = max(1, request.sampling.max_tokens)
         prompt = request.prompt_text()
+        prompt_tokens = count_prompt_tokens(prompt)
+        # A request without max_tokens runs to the end of the context, as a real engine would.
+        room = max(1, self.max_model_len - prompt_tokens)
+        cap = room if request.sampling.to_context else max(1, request.sampling.max_tokens)
         # Start the filler at a stage-dependent word so that concurrent streams do not all read alike (and a
         # retried stage reads the same).
         stage_key = f"{request.program_id}\x1f{request.stage}".encode()
@@ -220,7 +225,7 @@ class SimulatedEngine:
             arrival=self._arrivals,
             target=min(wanted, cap),
             finish_reason="length" if wanted > cap else "stop",
-            prompt_tokens=count_prompt_tokens(prompt),
+            prompt_tokens=prompt_tokens,
             words=filler_words(prompt),
             offset=offset,
             call=call,

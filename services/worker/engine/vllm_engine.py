@@ -196,7 +196,7 @@ class VllmEngine:
             raise PromptTooLongError(
                 f"prompt of {len(ids)} tokens leaves no room in {self.cfg.max_model_len}"
             )
-        max_tokens = min(request.sampling.max_tokens, room)
+        max_tokens = room if request.sampling.to_context else min(request.sampling.max_tokens, room)
         call: ChatCall | None = None
         if needs_chat_request(request):
             call = chat_call(request, self.model, self._parser_cls, self._tokenizer)
