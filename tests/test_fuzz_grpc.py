@@ -77,13 +77,45 @@ sampling = st.builds(
     top_p=st.one_of(st.just(0.0), float32),
     seed=st.one_of(st.none(), st.integers(0, U64)),
     stop=st.lists(st.one_of(st.just("."), odd_text, st.just("s" * 300)), max_size=4),
+    top_k=st.one_of(st.none(), st.integers(-(2**31), 2**31 - 1)),
+    min_p=st.one_of(st.none(), float32),
+    repetition_penalty=st.one_of(st.none(), float32),
+)
+schema_text = st.one_of(
+    st.just(""), st.just('{"type": "object"}'), st.just("[1]"), st.just("{not json"), odd_text
+)
+tool = st.builds(
+    pb.Tool,
+    name=st.one_of(st.sampled_from(["add", "get_weather"]), odd_text),
+    description=odd_text,
+    parameters_json=schema_text,
+)
+tool_choice = st.builds(
+    pb.ToolChoice,
+    mode=st.sampled_from(["", "auto", "none", "required", "function", "sometimes"]),
+    function=st.sampled_from(["", "add", "mul"]),
+)
+response_format = st.builds(
+    pb.ResponseFormat,
+    type=st.sampled_from(["", "text", "json_object", "json_schema", "xml"]),
+    schema_json=schema_text,
+)
+tool_message = st.builds(
+    pb.ChatMessage,
+    role=st.sampled_from(["assistant", "tool", "user"]),
+    content=served_text,
+    tool_calls=st.lists(st.builds(pb.ToolCall, id=ident, name=odd_text, arguments=schema_text), max_size=2),
+    tool_call_id=st.one_of(st.just(""), ident),
 )
 hostile = st.builds(
     pb.GenerateRequest,
+    tools=st.lists(tool, max_size=3),
+    tool_choice=tool_choice,
+    response_format=response_format,
     program_id=ident,
     stage=stage,
     workflow=st.one_of(st.sampled_from(["code/coder", "math/solver"]), odd_text),
-    messages=messages,
+    messages=st.one_of(messages, st.lists(tool_message, max_size=3)),
     sampling=sampling,
     request_id=st.one_of(st.just(""), ident),
     timeout_ms=st.one_of(st.just(0), st.integers(0, U32)),
@@ -108,6 +140,7 @@ served = st.builds(
         seed=st.one_of(st.none(), st.integers(0, U64)),
         stop=st.lists(st.sampled_from([".", "END", "\n"]), max_size=2),
     ),
+    tools=st.one_of(st.just([]), st.just([pb.Tool(name="add", parameters_json='{"type": "object"}')])),
     request_id=st.just(""),
     # 1-30 ms: a deadline that runs out while the request is queued or running.
     timeout_ms=st.one_of(st.just(0), st.just(0), st.integers(1, 30)),

@@ -216,9 +216,14 @@ async def test_errors_have_openai_shape_and_status(http: Http) -> None:
     two = await _error(c.chat.completions.create(model="auto", messages=MESSAGES, n=2))
     assert (two.status_code, two.param) == (400, "n")
     # A field Chimera cannot honour yet is refused by name, never dropped (services.dispatcher.openai_fields).
+    bias = await _error(c.chat.completions.create(model="auto", messages=MESSAGES, logit_bias={"1": 5}))
+    assert (bias.status_code, bias.param) == (400, "logit_bias") and "not supported" in bias.message
     add = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
-    tools = await _error(c.chat.completions.create(model="auto", messages=MESSAGES, tools=[add]))  # type: ignore[list-item]
-    assert (tools.status_code, tools.param) == (400, "tools") and "not supported" in tools.message
+    mul = {"type": "function", "function": {"name": "mul"}}
+    named = await _error(
+        c.chat.completions.create(model="auto", messages=MESSAGES, tools=[add], tool_choice=mul)  # type: ignore[list-item, arg-type]
+    )
+    assert named.status_code == 400 and "not in tools" in named.message
     huge = await _error(c.completions.create(model="auto", prompt="x" * 2001))
     assert (huge.status_code, huge.type) == (413, "invalid_request_error")
     many = await _error(c.completions.create(model="auto", prompt="x", max_tokens=10_000))
