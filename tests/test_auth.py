@@ -11,6 +11,7 @@ from services.cli.main import app
 from services.common.apikeys import ApiKeyStore, InvalidTenant, key_id_of
 from services.common.keys import Keys
 from services.common.redis_proc import PrivateRedis
+from services.common.types import SamplingParams
 from services.dispatcher.auth import OPEN, Authenticator, bearer, keys_required
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.errors import InvalidRequest, Unauthenticated
@@ -77,7 +78,7 @@ def test_keys_are_required_unless_every_door_is_on_loopback() -> None:
 
 
 def test_a_tenant_s_ids_are_its_own_namespace() -> None:
-    intake = Intake("run-42", 0, "wf", (), None, 1.0, 1.0, None, ())
+    intake = Intake("run-42", 0, "wf", (), SamplingParams(max_tokens=0))
     mine = scope_intake(intake, "acme")
     assert mine.program_id == "acme~run-42" and mine.request_id.startswith("acme~")
     assert scope_intake(intake, "globex").program_id != mine.program_id
@@ -87,7 +88,7 @@ def test_a_tenant_s_ids_are_its_own_namespace() -> None:
     check_id("program_id", mine.program_id)  # the dispatcher's own checks take the scoped form
     for bad in ("acme~run-42", "x~y"):
         with pytest.raises(InvalidRequest, match="'~'"):
-            scope_intake(Intake(bad, 0, "wf", (), None, 1.0, 1.0, None, ()), "globex")
+            scope_intake(Intake(bad, 0, "wf", (), SamplingParams(max_tokens=0)), "globex")
 
 
 def test_the_keys_cli_creates_lists_and_revokes(

@@ -115,7 +115,7 @@ def test_the_grpc_door_maps_tools_formats_and_unset_sampling_fields() -> None:
     assert got.tool_use == ToolUse((Tool("add", "", ADD.parameters),), "function", "add", True)
     assert got.response_format == ResponseFormat("json_object")
     assert got.messages[0].tool_calls == (ToolCall("c", "add", "{}"),) and got.messages[1].tool_call_id == "c"
-    assert (got.top_k, got.min_p, got.repetition_penalty) == (5, None, None)
+    assert (got.sampling.top_k, got.sampling.min_p, got.sampling.repetition_penalty) == (5, None, None)
     assert intake_of(pb.GenerateRequest(program_id="p")).tool_use is None
     with pytest.raises(InvalidRequest, match="tool_choice.mode"):
         intake_of(pb.GenerateRequest(tool_choice=pb.ToolChoice(mode="sometimes")))

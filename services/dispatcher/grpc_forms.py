@@ -7,9 +7,11 @@ proto's comments say.
 
 from __future__ import annotations
 
+from typing import Any
+
 from chimera.dispatcher.v1 import dispatcher_pb2 as pb
 from services.common.chat import FORMAT_TYPES, TOOL_CHOICE_MODES, ResponseFormat, Tool, ToolCall, ToolUse
-from services.common.types import ChatMessage
+from services.common.types import ChatMessage, SamplingParams
 from services.dispatcher.errors import InvalidRequest
 from services.dispatcher.handoff import Delta, Final
 from services.dispatcher.intake import Intake
@@ -41,27 +43,28 @@ def _response_format(f: pb.ResponseFormat) -> ResponseFormat | None:
     return ResponseFormat(kind, f.schema_json, f.name, f.strict)  # type: ignore[arg-type]
 
 
+# The SamplingParams fields proto3 marks optional: unset is None (the model's default).
+_OPTIONAL = ("seed", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+
+
+def _sampling(s: pb.SamplingParams) -> SamplingParams:
+    """max_tokens 0 stays 0 (the dispatcher's default) and top_p 0 is 1.0; temperature 0 is greedy."""
+    unset: dict[str, Any] = {name: getattr(s, name) if s.HasField(name) else None for name in _OPTIONAL}
+    return SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p or 1.0,
+                          stop=tuple(s.stop), **unset)  # fmt: skip
+
+
 def intake_of(msg: pb.GenerateRequest) -> Intake:
-    """A GenerateRequest as the intake takes it: proto3's zero values are "unset" and become None or 1."""
-    s = msg.sampling
+    """A GenerateRequest as the intake takes it: proto3's zero values are "unset"."""
     return Intake(
         program_id=msg.program_id,
         stage=msg.stage,
         workflow=msg.workflow,
         messages=tuple(_message(m) for m in msg.messages),
-        max_tokens=s.max_tokens or None,
-        temperature=s.temperature,
-        top_p=s.top_p or 1.0,
-        seed=s.seed if s.HasField("seed") else None,
-        stop=tuple(s.stop),
+        sampling=_sampling(msg.sampling),
         model=msg.model,
         request_id=msg.request_id,
         timeout_ms=msg.timeout_ms,
-        top_k=s.top_k if s.HasField("top_k") else None,
-        min_p=s.min_p if s.HasField("min_p") else None,
-        presence_penalty=s.presence_penalty if s.HasField("presence_penalty") else None,
-        frequency_penalty=s.frequency_penalty if s.HasField("frequency_penalty") else None,
-        repetition_penalty=s.repetition_penalty if s.HasField("repetition_penalty") else None,
         tool_use=_tool_use(msg),
         response_format=_response_format(msg.response_format),
     )

@@ -100,17 +100,16 @@ class OpenAIFrontDoor:
         return {"object": "list", "data": data}
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
-        return await self._serve("chat", body, chat_messages(body), body.token_limit(), request)
+        return await self._serve("chat", body, chat_messages(body), request)
 
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
-        return await self._serve("text", body, prompt_messages(body), body.token_limit(), request)
+        return await self._serve("text", body, prompt_messages(body), request)
 
     async def _serve(
         self,
         kind: Kind,
         body: ChatCompletionRequest | CompletionRequest,
         messages: tuple[ChatMessage, ...],
-        max_tokens: int | None,
         request: Request,
     ) -> Response:
         tenant = await self._tenant(request)
@@ -121,21 +120,11 @@ class OpenAIFrontDoor:
             stage=ident.stage,
             workflow=ident.workflow,
             messages=messages,
-            max_tokens=max_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            seed=body.seed,
-            stop=body.stop_sequences(),
+            sampling=body.sampling(),
             model=body.model,
             request_id=ident.request_id,
             timeout_ms=ident.timeout_ms,
             last_stage=ident.one_shot,
-            top_k=body.top_k,
-            min_p=body.min_p,
-            presence_penalty=body.presence_penalty,
-            frequency_penalty=body.frequency_penalty,
-            repetition_penalty=body.repetition_penalty,
-            to_context=max_tokens is None,
             tool_use=body.tool_use() if isinstance(body, ChatCompletionRequest) else None,
             response_format=body.format() if isinstance(body, ChatCompletionRequest) else None,
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from services.common.chat import ResponseFormat, ToolUse
 from services.common.keys import ProgramField
@@ -37,24 +37,14 @@ class Intake:
     stage: int | None  # None: the program's next stage (its last stage + 1, or 0 for a new program)
     workflow: str
     messages: tuple[ChatMessage, ...]
-    max_tokens: int | None  # None or 0: the dispatcher's default
-    temperature: float | None  # None: the model's default (SamplingParams)
-    top_p: float | None
-    seed: int | None
-    stop: tuple[str, ...]
+    # As the door read it: max_tokens 0 is the dispatcher's default, a seed of None one derived from the id.
+    sampling: SamplingParams
     model: str = ""  # "" or "auto": the policy chooses; anything else pins the model
     request_id: str = ""  # "": a fresh id
     timeout_ms: int = 0  # 0: no deadline
     last_stage: bool = False  # the workflow ends with this stage (StageRequest.last_stage)
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
     tool_use: ToolUse | None = None
     response_format: ResponseFormat | None = None
-    # No max_tokens means the rest of the context (the HTTP door, as vllm serve), not the default.
-    to_context: bool = False
 
 
 def next_stage(program: Mapping[str, str]) -> int:
@@ -75,24 +65,18 @@ def stage_request(intake: Intake, stage: int, settings: DispatcherSettings, now:
     """The ``StageRequest`` both doors dispatch (validation is the dispatcher's, right after)."""
     model = intake.model.strip()
     request_id = intake.request_id or uuid.uuid4().hex
+    s = intake.sampling
     return StageRequest(
         request_id=request_id,
         program_id=intake.program_id,
         stage=stage,
         workflow=intake.workflow,
         messages=intake.messages,
-        sampling=SamplingParams(
-            max_tokens=intake.max_tokens or settings.max_tokens_default,
-            to_context=intake.to_context and not intake.max_tokens,
-            temperature=intake.temperature,
-            top_p=intake.top_p,
-            seed=intake.seed if intake.seed is not None else request_seed(request_id),
-            stop=intake.stop,
-            top_k=intake.top_k,
-            min_p=intake.min_p,
-            presence_penalty=intake.presence_penalty,
-            frequency_penalty=intake.frequency_penalty,
-            repetition_penalty=intake.repetition_penalty,
+        sampling=replace(
+            s,
+            max_tokens=s.max_tokens or settings.max_tokens_default,
+            to_context=s.to_context and not s.max_tokens,
+            seed=s.seed if s.seed is not None else request_seed(request_id),
         ),
         model_pin=None if model in ("", AUTO_MODEL) else model,
         deadline_unix=now + intake.timeout_ms / 1000.0 if intake.timeout_ms else None,

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from services.common.chat import ResponseFormat, Tool, ToolCallPiece, ToolUse
+from services.common.types import SamplingParams
 from services.dispatcher.handoff import Final
 from services.dispatcher.openai_fields import (
     CHAT_REFUSED,
@@ -139,6 +140,27 @@ class _GenerationRequest(_Lenient):
 
     _sampling_refused = _refusing(SAMPLING_REFUSED)
 
+    def sampling(self) -> SamplingParams:
+        """The sampling fields as the intake takes them: no max_tokens means the rest of the context (as
+        vllm serve), max_tokens 0 standing for the dispatcher's default in its estimates."""
+        limit = self.token_limit()
+        return SamplingParams(
+            max_tokens=limit or 0,
+            to_context=limit is None,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            stop=self.stop_sequences(),
+            top_k=self.top_k,
+            min_p=self.min_p,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+        )
+
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
     def stop_sequences(self) -> tuple[str, ...]:
         if self.stop is None:
             return ()
@@ -205,9 +227,6 @@ class CompletionRequest(_GenerationRequest):
     suffix: Any = None
 
     _text_refused = _refusing(TEXT_REFUSED)
-
-    def token_limit(self) -> int | None:
-        return self.max_tokens
 
 
 Kind = Literal["chat", "text"]

@@ -112,7 +112,9 @@ class WorkerSettings(CommonSettings):
         description="vllm: model folder, or tiny | small | smollm2 | gemma3-270m | qwen2.5-coder-0.5b | "
         "qwen2.5-coder-1.5b (built or assembled and converted locally, once)",
     )
-    max_model_len: int = Field(default=2048, ge=64, le=1_048_576, description="context length (the simulated engine stops there too)")
+    max_model_len: int = Field(
+        default=2048, ge=64, le=1_048_576, description="context length (the simulated engine stops there too)"
+    )
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
         default="auto",
         description="vllm: weight and activation dtype; auto: bfloat16 on a GPU or a CPU with AVX-512 BF16"
