@@ -112,3 +112,52 @@ async def test_an_agents_sdk_agent_calls_its_function_tool_and_finishes(stack: S
         await client.close()
     assert adder.calls == [(1, 1)]
     assert isinstance(result.final_output, str) and result.final_output
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["run", "run_streamed"])
+async def test_the_agents_sdk_default_model_runs_over_the_responses_api(stack: Stack, stream: bool) -> None:
+    from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, function_tool
+    from openai import AsyncOpenAI
+
+    adder = Adder()
+    client = AsyncOpenAI(base_url=f"http://{stack.http_addr}/v1", api_key="unused", max_retries=0)
+    model = OpenAIResponsesModel(model="auto", openai_client=client)
+    agent = Agent(name="calc", instructions="Use add.", tools=[function_tool(adder.add)], model=model)
+    config = RunConfig(tracing_disabled=True)
+    if stream:
+        result: object = Runner.run_streamed(agent, "What is 1 plus 1?", run_config=config)
+        async for _ in result.stream_events():  # type: ignore[attr-defined]
+            pass
+    else:
+        result = await Runner.run(agent, "What is 1 plus 1?", run_config=config)
+    await client.close()
+    assert adder.calls == [(1, 1)]
+    final = result.final_output  # type: ignore[attr-defined]
+    assert isinstance(final, str) and final
+
+
+def test_a_responses_call_has_openais_shape_streamed_and_not(stack: Stack) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://{stack.http_addr}/v1", api_key="unused", max_retries=0)
+    tools = [{"type": "function", "name": "add", "parameters": {"type": "object", "required": ["a", "b"],
+              "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}]  # fmt: skip
+    called = client.responses.create(model="auto", input="Add 1 and 1.", tools=tools, tool_choice="required")  # type: ignore[arg-type]
+    (call,) = [o for o in called.output if o.type == "function_call"]
+    assert (call.name, call.arguments, called.status) == ("add", '{"a": 1, "b": 1}', "completed")
+    history = [
+        {"role": "user", "content": "Add 1 and 1."},
+        {"type": "function_call", "call_id": call.call_id, "name": "add", "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "2"},
+    ]
+    events = list(
+        client.responses.create(model="auto", input=history, tools=tools, stream=True, max_output_tokens=8)
+    )  # type: ignore[arg-type, call-overload]
+    kinds = [e.type for e in events]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas and deltas == events[-1].response.output_text
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="auto", input="x", previous_response_id="resp_1")
+    assert err.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    client.close()

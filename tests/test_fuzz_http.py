@@ -185,4 +185,4 @@ def test_the_schema_documents_headers_limits_and_only_503_and_504() -> None:
     assert chat["messages"]["maxItems"] == 7
     assert {"type": "integer", "minimum": 1, "maximum": 300} in chat["max_tokens"]["anyOf"]
     # The schema a fuzzer (or a client generator) loads is a valid OpenAPI document.
-    assert len(list(schemathesis.openapi.from_dict(doc).get_all_operations())) == 4
+    assert len(list(schemathesis.openapi.from_dict(doc).get_all_operations())) == 6

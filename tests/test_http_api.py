@@ -491,3 +491,22 @@ async def test_a_huge_body_is_413_before_it_is_parsed(http: Http) -> None:
         )
     assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "resource_exhausted"
     assert await _http_state_keys(http) == set()
+
+
+async def test_a_program_is_ended_over_http_and_its_outcome_kept(http: Http) -> None:
+    headers = {"X-Chimera-Program-Id": "wf-end", "X-Chimera-Stage": "0", "X-Chimera-Workflow": "code/coder"}
+    await http.client.chat.completions.create(model="auto", messages=MESSAGES, extra_headers=headers)
+    assert await http.redis.exists(http.keys.program("wf-end"))
+    async with httpx.AsyncClient(base_url=http.base_url) as c:
+        ended = await c.post("/programs/wf-end/end", json={"outcome": 0.75})
+        assert ended.status_code == 200 and ended.json()["found"] is True
+        again = await c.post("/programs/wf-end/end")
+        assert again.status_code == 200 and again.json()["found"] is False
+        bad = await c.post("/programs/wf-end/end", json={"outcome": 2})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "outcome"
+        assert (await c.post("/programs/bad%20id/end")).status_code == 400
+    assert not await http.redis.exists(http.keys.program("wf-end"))
+    rows = [json.loads(f["row"]) for _, f in await http.redis.xrange(http.keys.outcomes())]
+    assert {"program_id": "wf-end", "outcome": 0.75}.items() <= next(
+        r for r in rows if r["program_id"] == "wf-end"
+    ).items()

@@ -46,6 +46,8 @@ from services.dispatcher.http_input import (
     prompt_messages,
     resolve_identity,
 )
+from services.dispatcher.http_programs import ProgramEndpoints
+from services.dispatcher.http_responses import ResponsesEndpoint
 from services.dispatcher.intake import AUTO_MODEL, Intake
 from services.dispatcher.openai_schema import (
     ChatCompletionRequest,
@@ -75,7 +77,11 @@ class OpenAIFrontDoor:
         app = FastAPI(title="Chimera (OpenAI-compatible)", docs_url=None, redoc_url=None)
         app.add_api_route("/v1/chat/completions", self.chat, methods=["POST"], response_model=None)
         app.add_api_route("/v1/completions", self.completions, methods=["POST"], response_model=None)
+        app.add_api_route(
+            "/v1/responses", ResponsesEndpoint(self).create, methods=["POST"], response_model=None
+        )
         app.add_api_route("/v1/models", self.models, methods=["GET"])
+        app.add_api_route("/v1/programs/{program_id}/end", ProgramEndpoints(self._d).end, methods=["POST"])
         app.add_api_route("/health", self.health, methods=["GET"])
         app.add_exception_handler(DispatchError, _dispatch_error)
         app.add_exception_handler(RequestValidationError, _validation_error)
@@ -86,6 +92,10 @@ class OpenAIFrontDoor:
         app.add_middleware(DoorGuard, gate=self.gate, exempt=frozenset({"/health"}))
         document(app, self._d.settings)  # /openapi.json: headers, limits and error statuses as served
         return app
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        return self._d
 
     async def health(self) -> dict[str, str]:
         return {"status": "ok"}
@@ -128,34 +138,42 @@ class OpenAIFrontDoor:
             tool_use=body.tool_use() if isinstance(body, ChatCompletionRequest) else None,
             response_format=body.format() if isinstance(body, ChatCompletionRequest) else None,
         )
-        program_id = scoped(tenant, ident.program_id)
+        dispatched, headers = await self.submit(intake, ident, tenant)
+        stage = dispatched.request.stage
+        if body.stream:
+            events = self._sse(kind, dispatched, ident, body.include_usage())
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        final = await self.final_of(dispatched, ident, request)
+        if final is None:
+            return Response(status_code=499)  # the caller is gone; nobody reads this
+        return JSONResponse(completion_body(kind, final, ident.program_id, stage), headers=headers)
+
+    async def submit(self, intake: Intake, ident: Identity, tenant: str) -> tuple[Dispatched, dict[str, str]]:
+        """Dispatch ``intake``; the request and the X-Chimera-* response headers that say where it went."""
         try:
             dispatched = await self._d.submit(intake, tenant)
         except BaseException:
             if ident.one_shot:
-                await self._end_quietly(program_id)
+                await self.end_quietly(scoped(tenant, ident.program_id))
             raise
-        stage = dispatched.request.stage
         headers = {
             "X-Chimera-Program-Id": ident.program_id,
-            "X-Chimera-Stage": str(stage),
+            "X-Chimera-Stage": str(dispatched.request.stage),
             "X-Chimera-Request-Id": client_id(dispatched.request.request_id),
             "X-Chimera-Engine": dispatched.engine,
             "X-Chimera-Model": dispatched.model,
         }
         if dispatched.browned_out_from:
             headers["X-Chimera-Brownout-From"] = dispatched.browned_out_from
-        if body.stream:
-            events = self._sse(kind, dispatched, ident, body.include_usage())
-            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        return dispatched, headers
+
+    async def final_of(self, d: Dispatched, ident: Identity, request: Request) -> Final | None:
+        """The request's Final, its one-stage program ended after it; None if the caller went away."""
         try:
-            final = await self._final(dispatched, request)
+            return await self._final(d, request)
         finally:
             if ident.one_shot:
-                await self._end_quietly(program_id)
-        if final is None:
-            return Response(status_code=499)  # the caller is gone; nobody reads this
-        return JSONResponse(completion_body(kind, final, ident.program_id, stage), headers=headers)
+                await self.end_quietly(d.request.program_id)
 
     async def _final(self, d: Dispatched, request: Request) -> Final | None:
         """The request's Final; None (and the request cancelled) if the HTTP caller disconnects first."""
@@ -233,9 +251,9 @@ class OpenAIFrontDoor:
             yield _sse(domain_error(e.code, str(e))[1])
         finally:
             if ident.one_shot:
-                await self._end_quietly(d.request.program_id)
+                await self.end_quietly(d.request.program_id)
 
-    async def _end_quietly(self, program_id: str) -> None:
+    async def end_quietly(self, program_id: str) -> None:
         # May run while the handler is being cancelled: shield the call so the program is still ended.
         # Its one stage already finished or was cancelled on the stream's way out: forgetting is enough.
         try:

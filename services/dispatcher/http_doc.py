@@ -27,7 +27,7 @@ from services.dispatcher.openai_schema import HTTP_ERRORS
 from services.dispatcher.validate import ID_PATTERN, MAX_TIMEOUT_MS, WORKFLOW_PATTERN
 
 JSONObj = dict[str, Any]
-GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
 _ERROR_BODY: JSONObj = {
     "type": "object",
@@ -191,6 +191,16 @@ def describe(app: FastAPI, s: DispatcherSettings) -> JSONObj:
         op["parameters"] = identity_headers(s)
         op["responses"] = generation_responses()
         op["requestBody"]["description"] = f"JSON, at most {s.max_body_bytes} bytes (413 before parsing)"
+    end = doc["paths"]["/v1/programs/{program_id}/end"]["post"]
+    end["responses"].update(
+        {
+            **_AUTH_RESPONSES,
+            "400": _error("invalid program id or outcome"),
+            "429": _FULL_DOOR,
+            _status("UNAVAILABLE"): _error("Redis unreachable"),
+        }
+    )
+    end["responses"].pop("422", None)
     models = doc["paths"]["/v1/models"]["get"]
     models["responses"].update(
         {**_AUTH_RESPONSES, "429": _FULL_DOOR, _status("UNAVAILABLE"): _error("Redis unreachable")}
@@ -201,7 +211,7 @@ def describe(app: FastAPI, s: DispatcherSettings) -> JSONObj:
     security: list[JSONObj] = (
         [{"apiKey": []}] if keys_required(s.auth, s.door_hosts()) else [{}, {"apiKey": []}]
     )
-    for op in (models, *(doc["paths"][p]["post"] for p in GENERATION_PATHS)):
+    for op in (models, end, *(doc["paths"][p]["post"] for p in GENERATION_PATHS)):
         op["security"] = security
     return doc
 

@@ -24,25 +24,12 @@ from services.worker.engine.openai_form import openai_fields, openai_messages, s
 
 
 def template_messages(messages: tuple[ChatMessage, ...]) -> list[dict[str, Any]]:
-    """The history as chat templates take it: a call's arguments as an object (the templates serialise
-    them), a tool turn with the id of the call it answers."""
-    out: list[dict[str, Any]] = []
-    for m in messages:
-        d: dict[str, Any] = {"role": m.role, "content": m.content}
-        if m.tool_calls:
-            d["tool_calls"] = [
-                {
-                    "id": c.id,
-                    "type": "function",
-                    "function": {"name": c.name, "arguments": json.loads(c.arguments or "{}")},
-                }
-                for c in m.tool_calls
-            ]
-        if m.tool_call_id:
-            d["tool_call_id"] = m.tool_call_id
-        if m.name:
-            d["name"] = m.name
-        out.append(d)
+    """The history as chat templates take it: OpenAI's shape with each call's arguments as an object (the
+    templates serialise them themselves)."""
+    out = openai_messages(messages)
+    for d in out:
+        for call in d.get("tool_calls", ()):
+            call["function"]["arguments"] = json.loads(call["function"]["arguments"] or "{}")
     return out
 
 
