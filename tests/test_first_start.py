@@ -68,14 +68,24 @@ class PhaseRecorder:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(5)
+        # The wait may end between two polls, and the worker may answer its health check a moment before
+        # its record says ready: read on until it does (or 5 s), so the last phase is not missed.
+        deadline = time.monotonic() + 5.0
+        while self._read() != Phase.READY and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def _read(self) -> str | None:
+        assert self._child.progress is not None
+        state = self._child.progress()
+        if state is None or not state.written_since(self._child.started_unix):
+            return None
+        if self.phases[-1:] != [state.phase]:
+            self.phases.append(state.phase)
+        return state.phase
 
     def _run(self) -> None:
-        assert self._child.progress is not None
         while not self._stop.is_set():
-            state = self._child.progress()
-            fresh = state is not None and state.written_since(self._child.started_unix)
-            if fresh and state is not None and self.phases[-1:] != [state.phase]:
-                self.phases.append(state.phase)
+            self._read()
             time.sleep(0.05)
 
 
