@@ -117,12 +117,7 @@ def _tools(settings: ModelSettings, tools: list[Tool], handoffs: list[Handoff]) 
     ]
     if not specs:
         return None
-    functions = []
-    for spec in specs:
-        f: dict[str, Any] = dict(spec["function"])
-        functions.append(
-            ChimeraTool(f["name"], f.get("description", ""), f.get("parameters"), bool(f.get("strict")))
-        )
+    functions = [ChimeraTool.from_openai(dict(spec["function"])) for spec in specs]
     choice: Any = Converter.convert_tool_choice(settings.tool_choice)
     if isinstance(choice, Omit):
         choice = "auto"

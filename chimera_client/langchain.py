@@ -55,10 +55,7 @@ def to_chimera(messages: Sequence[BaseMessage]) -> tuple[Message, ...]:
 
 def to_tools(tools: Sequence[Any], tool_choice: Any = None) -> Tools:
     """LangChain tools (functions, pydantic models, ``BaseTool``s, OpenAI dicts) and choice, as the SDK's."""
-    functions = []
-    for t in tools:
-        spec = convert_to_openai_tool(t)["function"]
-        functions.append(Tool(spec["name"], spec.get("description", ""), spec.get("parameters"), False))
+    functions = [Tool.from_openai(convert_to_openai_tool(t)["function"]) for t in tools]
     if tool_choice in (None, "auto"):
         choice = "auto"
     elif tool_choice in _REQUIRED:

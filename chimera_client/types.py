@@ -45,6 +45,16 @@ class Tool:
     parameters: Mapping[str, Any] | None = None
     strict: bool = False
 
+    @staticmethod
+    def from_openai(function: Mapping[str, Any]) -> Tool:
+        """From an OpenAI tool's ``function`` object (what the frameworks' converters make)."""
+        return Tool(
+            function["name"],
+            function.get("description", ""),
+            function.get("parameters"),
+            bool(function.get("strict")),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Tools:

@@ -118,6 +118,17 @@ class ResponseFormat:
         return {"type": "json_schema", "json_schema": spec}
 
 
+def openai_tool_use(
+    tools: tuple[Tool, ...], choice: str | None, function: str = "", parallel: bool | None = None
+) -> ToolUse | None:
+    """Tools and a choice as OpenAI defaults them: None when neither is given; an unset choice is "auto"
+    with tools and "none" without; an unset ``parallel`` is true. ``function``: the named choice's."""
+    if not tools and choice is None and not function:
+        return None
+    mode = "function" if function else choice or ("auto" if tools else "none")
+    return ToolUse(tools, mode, function, parallel is not False)  # type: ignore[arg-type]
+
+
 def merge_pieces(pieces: Sequence[ToolCallPiece]) -> tuple[ToolCallPiece, ...]:
     """Consecutive pieces of one tool call as one piece (fewer messages, the same call)."""
     out: list[ToolCallPiece] = []

@@ -13,21 +13,21 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from services.common.chat import ResponseFormat, Tool, ToolCall, ToolUse
+from services.common.chat import ResponseFormat, ToolCall, ToolUse, openai_tool_use
 from services.common.types import ChatMessage, SamplingParams
 from services.dispatcher.errors import DispatchError, InvalidRequest
 from services.dispatcher.handoff import Delta, Dispatched, Final
 from services.dispatcher.http_input import Identity, check_metadata, resolve_identity
 from services.dispatcher.intake import Intake
 from services.dispatcher.openai_fields import Refused, check_refused
-from services.dispatcher.openai_schema import domain_error, usage
+from services.dispatcher.openai_schema import FunctionIn, JsonSchemaIn, domain_error, usage
 from services.dispatcher.tenancy import client_id
 
 _REFUSED = {
@@ -42,12 +42,10 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
-class FunctionToolIn(_Lenient):
+class FunctionToolIn(FunctionIn):
+    """The Responses API's tool: the chat API's function, flattened beside its type."""
+
     type: Literal["function"]
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
 
 
 class NamedChoice(_Lenient):
@@ -55,11 +53,10 @@ class NamedChoice(_Lenient):
     name: str
 
 
-class TextFormatIn(_Lenient):
+class TextFormatIn(JsonSchemaIn):
+    """The Responses API's ``text.format``: the chat API's json_schema, flattened beside its type."""
+
     type: Literal["text", "json_object", "json_schema"]
-    name: str = "response"
-    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
-    strict: bool | None = None
 
 
 class TextConfigIn(_Lenient):
@@ -115,21 +112,11 @@ class ResponsesRequest(_Lenient):
         return tuple(out)
 
     def tool_use(self) -> ToolUse | None:
-        if not self.tools and self.tool_choice is None:
-            return None
-        tools = tuple(
-            Tool(
-                t.name,
-                t.description or "",
-                json.dumps(t.parameters) if t.parameters is not None else "",
-                bool(t.strict),
-            )
-            for t in self.tools or ()
-        )
-        parallel = self.parallel_tool_calls is not False
-        if isinstance(self.tool_choice, NamedChoice):
-            return ToolUse(tools, "function", self.tool_choice.name, parallel)
-        return ToolUse(tools, self.tool_choice or ("auto" if tools else "none"), "", parallel)
+        tools = tuple(t.tool() for t in self.tools or ())
+        choice = self.tool_choice
+        if isinstance(choice, NamedChoice):
+            return openai_tool_use(tools, None, choice.name, self.parallel_tool_calls)
+        return openai_tool_use(tools, choice, "", self.parallel_tool_calls)
 
     def format(self) -> ResponseFormat | None:
         f = self.text.format if self.text is not None else None
@@ -137,7 +124,7 @@ class ResponsesRequest(_Lenient):
             return None
         if f.type == "json_object":
             return ResponseFormat("json_object")
-        return ResponseFormat("json_schema", json.dumps(f.schema_), f.name, bool(f.strict))
+        return f.format()
 
     def sampling(self) -> SamplingParams:
         limit = self.max_output_tokens
@@ -261,110 +248,87 @@ class ResponsesEndpoint:
         """Responses stream events: the text as ``output_text.delta``s of one message item, then each call
         as a ``function_call`` item, then ``response.completed`` with the whole response. A re-run's text
         (a worker died) is not streamed: the completed response carries the answer that won."""
-        seq = iter(range(1 << 62))
         created = int(time.time())
-
-        def event(kind: str, **fields: Any) -> str:
-            data = {"type": kind, "sequence_number": next(seq), **fields}
-            return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
-
+        ev = _Events(msg_id)
         pending = response_body(body, rid, created, None, msg_id)
-        yield event("response.created", response=pending)
-        yield event("response.in_progress", response=pending)
-        text, first_attempt, opened = "", 0, False
-        message = {
-            "type": "message",
-            "id": msg_id,
-            "status": "in_progress",
-            "role": "assistant",
-            "content": [],
-        }
+        yield ev.event("response.created", response=pending)
+        yield ev.event("response.in_progress", response=pending)
+        first_attempt = 0
         try:
             async for item in self._door.dispatcher.stream(d):
                 if isinstance(item, Delta):
                     first_attempt = first_attempt or item.attempt
-                    if item.attempt != first_attempt or not item.text:
-                        continue
-                    if not opened:
-                        opened = True
-                        yield event("response.output_item.added", output_index=0, item=message)
-                        part = {"type": "output_text", "text": "", "annotations": []}
-                        yield event(
-                            "response.content_part.added",
-                            item_id=msg_id,
-                            output_index=0,
-                            content_index=0,
-                            part=part,
-                        )
-                    text += item.text
-                    yield event(
-                        "response.output_text.delta",
-                        item_id=msg_id,
-                        output_index=0,
-                        content_index=0,
-                        delta=item.text,
-                        logprobs=[],
-                    )
+                    if item.attempt == first_attempt and item.text:
+                        for e in ev.text(item.text):
+                            yield e
                     continue
-                done = response_body(body, rid, created, item, msg_id)
-                for index, out in enumerate(done["output"]):
-                    if out["type"] == "message":
-                        if not opened:
-                            yield event("response.output_item.added", output_index=index, item=message)
-                            part = {"type": "output_text", "text": "", "annotations": []}
-                            yield event(
-                                "response.content_part.added",
-                                item_id=msg_id,
-                                output_index=index,
-                                content_index=0,
-                                part=part,
-                            )
-                        rest = item.text[len(text) :] if item.text.startswith(text) else ""
-                        if rest:
-                            yield event(
-                                "response.output_text.delta",
-                                item_id=msg_id,
-                                output_index=index,
-                                content_index=0,
-                                delta=rest,
-                                logprobs=[],
-                            )
-                        yield event(
-                            "response.output_text.done",
-                            item_id=msg_id,
-                            output_index=index,
-                            content_index=0,
-                            text=item.text,
-                            logprobs=[],
-                        )
-                        yield event(
-                            "response.content_part.done",
-                            item_id=msg_id,
-                            output_index=index,
-                            content_index=0,
-                            part=out["content"][0],
-                        )
-                    else:
-                        added = {**out, "arguments": "", "status": "in_progress"}
-                        yield event("response.output_item.added", output_index=index, item=added)
-                        yield event(
-                            "response.function_call_arguments.delta",
-                            item_id=out["id"],
-                            output_index=index,
-                            delta=out["arguments"],
-                        )
-                        yield event(
-                            "response.function_call_arguments.done",
-                            item_id=out["id"],
-                            output_index=index,
-                            arguments=out["arguments"],
-                            name=out["name"],
-                        )
-                    yield event("response.output_item.done", output_index=index, item=out)
-                yield event("response.completed", response=done)
+                for e in ev.finish(response_body(body, rid, created, item, msg_id), item.text):
+                    yield e
         except DispatchError as e:
             _, err = domain_error(e.code, str(e))
-            yield event("error", code=err["error"]["code"], message=err["error"]["message"], param=None)
+            yield ev.event("error", code=err["error"]["code"], message=err["error"]["message"], param=None)
         finally:
             if ident.one_shot:
                 await self._door.end_quietly(d.request.program_id)
+
+
+class _Events:
+    """The events of one streamed response, numbered in order; the message item opens with its first text."""
+
+    def __init__(self, msg_id: str) -> None:
+        self._seq = iter(range(1 << 62))
+        self._msg_id = msg_id
+        self._sent = ""
+        self._opened = False
+
+    def event(self, kind: str, **fields: Any) -> str:
+        data = {"type": kind, "sequence_number": next(self._seq), **fields}
+        return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+    def _on_text(self, kind: str, index: int, **fields: Any) -> str:
+        """An event of the message item's one text part."""
+        return self.event(kind, item_id=self._msg_id, output_index=index, content_index=0, **fields)
+
+    def _open(self, index: int) -> Iterator[str]:
+        if self._opened:
+            return
+        self._opened = True
+        message = {
+            "type": "message",
+            "id": self._msg_id,
+            "status": "in_progress",
+            "role": "assistant",
+            "content": [],
+        }
+        yield self.event("response.output_item.added", output_index=index, item=message)
+        part = {"type": "output_text", "text": "", "annotations": []}
+        yield self._on_text("response.content_part.added", index, part=part)
+
+    def text(self, delta: str) -> Iterator[str]:
+        yield from self._open(0)
+        self._sent += delta
+        yield self._on_text("response.output_text.delta", 0, delta=delta, logprobs=[])
+
+    def finish(self, done: dict[str, Any], text: str) -> Iterator[str]:
+        """The rest of the text, each call, every item's end, then ``response.completed``."""
+        for index, out in enumerate(done["output"]):
+            if out["type"] == "message":
+                yield from self._open(index)
+                rest = text[len(self._sent) :] if text.startswith(self._sent) else ""
+                if rest:
+                    yield self._on_text("response.output_text.delta", index, delta=rest, logprobs=[])
+                yield self._on_text("response.output_text.done", index, text=text, logprobs=[])
+                yield self._on_text("response.content_part.done", index, part=out["content"][0])
+            else:
+                added = {**out, "arguments": "", "status": "in_progress"}
+                yield self.event("response.output_item.added", output_index=index, item=added)
+                at = {"item_id": out["id"], "output_index": index}
+                yield self.event("response.function_call_arguments.delta", **at, delta=out["arguments"])
+                yield self.event(
+                    "response.function_call_arguments.done",
+                    **at,
+                    arguments=out["arguments"],
+                    name=out["name"],
+                )
+            yield self.event("response.output_item.done", output_index=index, item=out)
+        yield self.event("response.completed", response=done)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from services.common.chat import ResponseFormat, Tool, ToolCallPiece, ToolUse
+from services.common.chat import ResponseFormat, Tool, ToolCallPiece, ToolUse, openai_tool_use
 from services.common.types import SamplingParams
 from services.dispatcher.handoff import Final
 from services.dispatcher.openai_fields import (
@@ -86,6 +86,10 @@ class FunctionIn(_Lenient):
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
+    def tool(self) -> Tool:
+        params = json.dumps(self.parameters) if self.parameters is not None else ""
+        return Tool(self.name, self.description or "", params, bool(self.strict))
+
 
 class ToolIn(_Lenient):
     type: Literal["function"]
@@ -106,6 +110,9 @@ class JsonSchemaIn(_Lenient):
     description: str | None = None
     schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
+
+    def format(self) -> ResponseFormat:
+        return ResponseFormat("json_schema", json.dumps(self.schema_), self.name, bool(self.strict))
 
 
 class ResponseFormatIn(_Lenient):
@@ -192,22 +199,11 @@ class ChatCompletionRequest(_GenerationRequest):
 
     def tool_use(self) -> ToolUse | None:
         """The tools and the choice, as OpenAI defaults them: "auto" with tools, "none" without."""
-        if not self.tools and self.tool_choice is None:
-            return None
-        tools = tuple(
-            Tool(
-                t.function.name,
-                t.function.description or "",
-                json.dumps(t.function.parameters) if t.function.parameters is not None else "",
-                bool(t.function.strict),
-            )
-            for t in self.tools or ()
-        )
-        choice = self.tool_choice or ("auto" if tools else "none")
-        parallel = True if self.parallel_tool_calls is None else self.parallel_tool_calls
+        tools = tuple(t.function.tool() for t in self.tools or ())
+        choice = self.tool_choice
         if isinstance(choice, NamedToolChoice):
-            return ToolUse(tools, "function", choice.function.name, parallel)
-        return ToolUse(tools, choice, "", parallel)
+            return openai_tool_use(tools, None, choice.function.name, self.parallel_tool_calls)
+        return openai_tool_use(tools, choice, "", self.parallel_tool_calls)
 
     def format(self) -> ResponseFormat | None:
         f = self.response_format
@@ -215,8 +211,7 @@ class ChatCompletionRequest(_GenerationRequest):
             return None
         if f.type == "json_object":
             return ResponseFormat("json_object")
-        spec = f.json_schema or JsonSchemaIn()
-        return ResponseFormat("json_schema", json.dumps(spec.schema_), spec.name, bool(spec.strict))
+        return (f.json_schema or JsonSchemaIn()).format()
 
 
 class CompletionRequest(_GenerationRequest):

@@ -54,6 +54,7 @@ class _Pending:
     parts: list[str] = field(default_factory=list)
     # Tool-call pieces follow the text pending with them: an engine's tool calls come after its content.
     pieces: list[ToolCallPiece] = field(default_factory=list)
+    chars: int = 0  # of its text and pieces (piece_chars): what it adds to the attempt's position
 
 
 class DeltaPublisher:
@@ -80,6 +81,7 @@ class DeltaPublisher:
         if text:
             p.parts.append(text)
         p.pieces.extend(pieces)
+        p.chars += size
         self._chars += size
         self._some.set()
         if self._chars >= self._max_chars:
@@ -115,7 +117,7 @@ class DeltaPublisher:
         one = self._pending.pop(id(source), None)
         if one is None:
             return []
-        self._chars -= sum(len(part) for part in one.parts) + sum(piece_chars(x) for x in one.pieces)
+        self._chars -= one.chars
         if not self._pending:
             self._some.clear()
         return self._items([one])
@@ -126,10 +128,11 @@ class DeltaPublisher:
         for p in batch:
             if p.source.stale:
                 continue
-            text = "".join(p.parts)
-            p.source.published += len(text) + sum(piece_chars(x) for x in p.pieces)
+            p.source.published += p.chars
             pieces = merge_pieces(p.pieces)
-            items.append(DeltaItem(p.source.request_id, p.source.attempt, text, p.source.published, pieces))
+            items.append(
+                DeltaItem(p.source.request_id, p.source.attempt, "".join(p.parts), p.source.published, pieces)
+            )
         if items:
             self.flushes += 1
             self.entries += len(items)

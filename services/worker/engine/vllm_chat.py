@@ -52,7 +52,7 @@ class ChatCall:
     tokenizer: Any
     streaming: Any = None
     ids: dict[int, str] = field(default_factory=dict)  # call index -> the id its first piece carried
-    raw: list[str] = field(default_factory=list)
+    raw: list[str] = field(default_factory=list)  # the whole output, for the final parse (tools only)
 
     @property
     def parses_tools(self) -> bool:
@@ -61,9 +61,9 @@ class ChatCall:
     def pieces(
         self, text: str, token_ids: list[int], prompt_ids: list[int], finished: bool
     ) -> tuple[str, tuple[ToolCallPiece, ...]]:
-        self.raw.append(text)
         if not self.parses_tools:
             return text, ()
+        self.raw.append(text)
         if self.streaming is None:
             self.streaming = self.parser_cls(self.tokenizer, self.vreq.tools)
         msg = self.streaming.parse_delta(text, token_ids, self.vreq, prompt_ids, finished=finished)
