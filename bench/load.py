@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import json
 import logging
+import resource
 import subprocess
 import sys
 import tempfile
@@ -126,6 +127,7 @@ SMALL = EngineProfile(20.0, 8, 0.0, ((1, 20.0), (8, 20.0)))
 def run_phase(phase: Phase, groups: Mapping[str, tuple[int, bool]]) -> dict[str, Any]:
     """Run one phase in a client process; the result with the CPU each stack process spent meanwhile."""
     before = cpu_seconds(groups)
+    client_before = _children_cpu_s()
     proc = subprocess.run(
         [sys.executable, "-m", "bench.load_client"],
         input=json.dumps(asdict(phase)),
@@ -134,16 +136,21 @@ def run_phase(phase: Phase, groups: Mapping[str, tuple[int, bool]]) -> dict[str,
         check=False,
     )
     after = cpu_seconds(groups)
+    client_cpu_s = _children_cpu_s() - client_before
     if proc.returncode != 0:
         raise RuntimeError(f"load client failed: {proc.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(proc.stdout)
     cpu = {k: round(after[k] - before.get(k, 0.0), 3) for k in after}
     result["cpu_s"] = cpu
+    # The client's own CPU, not counted in Chimera's: a client near a whole core is the bottleneck itself.
+    result["client_cpu_s"] = round(client_cpu_s, 3)
+    result["client_cores"] = round(client_cpu_s / max(1e-9, result["elapsed_s"]), 3)
     stages = max(1, result["ok"])
     result["cpu_s_per_1k_stages"] = {k: round(v * 1000 / stages, 3) for k, v in cpu.items()}
     result["cpu_s_per_1k_stages_total"] = round(sum(cpu.values()) * 1000 / stages, 3)
     log.info(
-        "%s %s c=%s n=%s: %.1f stages/s, %s, dispatch p50 %.1f ms p99 %.1f ms, %.2f CPU-s/1k stages",
+        "%s %s c=%s n=%s: %.1f stages/s, %s, dispatch p50 %.1f ms p99 %.1f ms, %.2f CPU-s/1k stages, "
+        "client %.2f cores",
         phase.kind,
         phase.door,
         phase.concurrency,
@@ -153,8 +160,14 @@ def run_phase(phase: Phase, groups: Mapping[str, tuple[int, bool]]) -> dict[str,
         result["dispatch_ms_p50"],
         result["dispatch_ms_p99"],
         result["cpu_s_per_1k_stages_total"],
+        result["client_cores"],
     )
     return result
+
+
+def _children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 @contextlib.contextmanager

@@ -58,6 +58,7 @@ def generate_request(
     timeout_s: float | None,
     tools: Tools | None = None,
     response_format: ResponseFormat | None = None,
+    final_only: bool = False,
 ) -> pb.GenerateRequest:
     s = pb.SamplingParams(
         max_tokens=sampling.max_tokens,
@@ -79,6 +80,7 @@ def generate_request(
         request_id=request_id or "",
         timeout_ms=int(timeout_s * 1000) if timeout_s else 0,
         model=model,
+        final_only=final_only,
     )
     if tools is not None:
         _tools(req, tools)

@@ -141,8 +141,10 @@ class AsyncClient:
         timeout_s: float | None = None,
         tools: Tools | None = None,
         response_format: ResponseFormat | None = None,
+        final_only: bool = False,
     ) -> AsyncIterator[TextDelta | Completion]:
-        """Text deltas as they are generated, then exactly one ``Completion``.
+        """Text deltas as they are generated, then exactly one ``Completion`` (``final_only``: the
+        ``Completion`` alone, and the engine is not asked to stream, which ``generate()`` uses).
 
         A busy pool or a broken connection is retried (``RetryPolicy``) with the same ``request_id`` (one
         is made up when none is given), which re-attaches to the request: the caller sees each piece of
@@ -158,6 +160,7 @@ class AsyncClient:
             timeout_s=timeout_s,
             tools=tools,
             response_format=response_format,
+            final_only=final_only,
         )
         replay = Replay()
         # NOTE(sdk-retry): yielding inside an attempt is safe: a caller that stops reading raises
@@ -209,7 +212,7 @@ class AsyncClient:
         tools: Tools | None = None,
         response_format: ResponseFormat | None = None,
     ) -> Completion:
-        """Run one stage to completion."""
+        """Run one stage to completion: only its ``Completion`` is sent (``stream(final_only=True)``)."""
         events = [
             ev
             async for ev in self.stream(
@@ -223,6 +226,7 @@ class AsyncClient:
                 timeout_s=timeout_s,
                 tools=tools,
                 response_format=response_format,
+                final_only=True,  # nobody reads its deltas: none are relayed
             )
         ]
         return _last(events)
@@ -297,6 +301,7 @@ class Client:
         timeout_s: float | None = None,
         tools: Tools | None = None,
         response_format: ResponseFormat | None = None,
+        final_only: bool = False,
     ) -> Iterator[TextDelta | Completion]:
         req = _convert.generate_request(
             to_messages(messages),
@@ -309,6 +314,7 @@ class Client:
             timeout_s=timeout_s,
             tools=tools,
             response_format=response_format,
+            final_only=final_only,
         )
         replay = Replay()
         tries = self._retry.retrying_sync()
@@ -365,6 +371,7 @@ class Client:
                 timeout_s=timeout_s,
                 tools=tools,
                 response_format=response_format,
+                final_only=True,  # nobody reads its deltas: none are relayed
             )
         )
 

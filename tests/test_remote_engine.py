@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import signal
@@ -171,3 +172,43 @@ async def test_abort_closes_the_stream_and_the_server_drops_it(engine: RemoteEng
     while await _server_running(server) > 0 and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
     assert await _server_running(server) == 0
+
+
+def _whole(rid: str, max_tokens: int = 16) -> StageRequest:
+    return dataclasses.replace(_req(rid, max_tokens, temperature=0.0), stream=False)
+
+
+async def test_a_request_nobody_streams_is_one_whole_answer_with_the_streamed_text(engine: RemoteEngine) -> None:
+    outs = [o async for o in engine.generate(_whole("w1"), "w1#1", priority=0)]
+    assert len(outs) == 1 and outs[0].finished  # one body from the server, not a stream
+    streamed, final = await _collect(engine.generate(_req("w1", 16, temperature=0.0), "w1#2", priority=0))
+    assert outs[0].text_delta == streamed != ""
+    assert outs[0].completion_tokens == final.completion_tokens and outs[0].prompt_tokens == final.prompt_tokens
+
+
+async def _server_generated(url: str) -> float:
+    text = (await asyncio.to_thread(httpx.get, f"{url}/metrics", timeout=5)).text
+    m = re.search(r"^vllm:generation_tokens_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)
+    assert m, "vllm:generation_tokens_total missing from /metrics"
+    return float(m.group(1))
+
+
+async def test_abort_of_a_request_nobody_streams_ends_it_on_the_server(engine: RemoteEngine, server: str) -> None:
+    """No text comes back before the end, so the proof is the server's own count of generated tokens: run
+    to its end, the greedy request generates ``whole`` tokens; aborted early, far fewer."""
+    before, t0 = await _server_generated(server), time.monotonic()
+    ran = [o async for o in engine.generate(_whole("wa", 480), "wa#1", priority=0)]
+    took_s, whole = time.monotonic() - t0, ran[-1].completion_tokens
+    assert whole > 200 and await _server_generated(server) - before >= whole
+    before = await _server_generated(server)
+    stream = engine.generate(_whole("wa", 480), "wa#2", priority=0)
+    first = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0.2)
+    assert not first.done()
+    await engine.abort("wa#2")
+    final = await asyncio.wait_for(first, timeout=10)
+    assert final.finished and final.finish_reason == "cancelled"
+    await asyncio.sleep(took_s + 0.5)  # long enough for it to end, had the server not dropped it
+    assert await _server_generated(server) - before < whole / 2
+    assert await _server_running(server) == 0
+    await stream.aclose()

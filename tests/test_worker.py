@@ -39,7 +39,7 @@ class FixedLengths:
         return int(request.request_id.rsplit("-", 1)[1])
 
 
-def _req(rid: str, deadline: float | None = None) -> StageRequest:
+def _req(rid: str, deadline: float | None = None, stream: bool = True) -> StageRequest:
     return StageRequest(
         request_id=rid,
         program_id=f"prog-{rid}",
@@ -48,6 +48,7 @@ def _req(rid: str, deadline: float | None = None) -> StageRequest:
         messages=(ChatMessage("system", "You solve maths."), ChatMessage("user", f"What is {rid} plus two?")),
         sampling=SamplingParams(max_tokens=100_000),
         deadline_unix=deadline,
+        stream=stream,
     )
 
 
@@ -62,8 +63,11 @@ def _worker(r: Redis, keys: Keys, engine: SimulatedEngine, **kw: Any) -> Worker:
     return Worker(QueueStore(r, keys), r, engine, opts)
 
 
-async def _enqueue(q: QueueStore, rid: str, score: float, deadline: float | None = None) -> None:
-    assert await q.enqueue(ENGINE, _req(rid, deadline), Prediction(10, 20), score, time.time(), {"t": "test"})
+async def _enqueue(
+    q: QueueStore, rid: str, score: float, deadline: float | None = None, stream: bool = True
+) -> None:
+    req = _req(rid, deadline, stream)
+    assert await q.enqueue(ENGINE, req, Prediction(10, 20), score, time.time(), {"t": "test"})
 
 
 async def _events(r: Redis, keys: Keys, rid: str) -> list[dict[str, Any]]:
@@ -311,6 +315,61 @@ async def test_deltas_are_coalesced_but_the_first_token_is_sent_at_once(
     assert len(deltas[0].split()) == 1  # the first token alone
     assert 1 < len(deltas) < 600 // 4  # far fewer stream entries than tokens
     assert evs[-1]["text"] == "".join(deltas)
+
+
+async def test_a_request_nobody_streams_writes_its_final_event_and_no_delta(
+    redis_client: Redis, keys: Keys
+) -> None:
+    q = QueueStore(redis_client, keys)
+    await _enqueue(q, "whole-300", 1.0, stream=False)
+    await _enqueue(q, "streamed-300", 2.0)
+    worker = _worker(redis_client, keys, _engine(2, 2000.0), burst=True)
+    await worker.run()
+    whole, streamed = await _events(redis_client, keys, "whole-300"), await _events(redis_client, keys, "streamed-300")
+    assert [e["t"] for e in whole] == ["final"]
+    assert whole[0]["completion_tokens"] == 300 == len(whole[0]["text"].split())
+    assert streamed[-1]["text"] != "" and len(streamed) > 1  # the streamed one beside it still streams
+    assert worker.deltas_published() == len(streamed) - 1
+
+
+async def test_a_cancelled_request_nobody_streams_ends_on_the_engine(redis_client: Redis, keys: Keys) -> None:
+    q = QueueStore(redis_client, keys)
+    await _enqueue(q, "whole-100000", 1.0, stream=False)
+    engine = _engine(1, 10.0)
+    worker = _worker(redis_client, keys, engine, prefetch=0, lease_s=1.5)
+    run = asyncio.create_task(worker.run())
+    try:
+
+        async def running() -> bool:
+            return engine.running() == 1 and engine.steps > 3
+
+        await _until(running)
+        assert await q.cancel(ENGINE, "whole-100000") == "running"
+        await _until(lambda: _finished(redis_client, keys, "whole-100000"), 5)
+        assert engine.running() == 0  # the engine let go of it, not only the stream
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(run, 10)
+    evs = await _events(redis_client, keys, "whole-100000")
+    assert [e["t"] for e in evs] == ["final"] and evs[0]["finish_reason"] == "cancelled"
+
+
+async def test_a_request_nobody_streams_past_max_run_ends_on_the_engine(
+    redis_client: Redis, keys: Keys
+) -> None:
+    q = QueueStore(redis_client, keys)
+    await _enqueue(q, "whole-100000", 1.0, stream=False)
+    engine = _engine(1, 10.0)
+    worker = _worker(redis_client, keys, engine, prefetch=0, max_run_s=0.5)
+    run = asyncio.create_task(worker.run())
+    try:
+        await _until(lambda: _finished(redis_client, keys, "whole-100000"), 5)
+        assert engine.running() == 0
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(run, 10)
+    evs = await _events(redis_client, keys, "whole-100000")
+    assert [e["t"] for e in evs] == ["error"] and evs[0]["code"] == "DEADLINE_EXCEEDED"
 
 
 async def test_shutdown_past_grace_abandons_to_the_next_worker(redis_client: Redis, keys: Keys) -> None:

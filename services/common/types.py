@@ -72,6 +72,10 @@ class StageRequest:
     last_stage: bool = False
     tool_use: ToolUse | None = None
     response_format: ResponseFormat | None = None
+    # Its caller reads the text as it is produced. False (HTTP stream=false, gRPC final_only, the SDK's
+    # generate()): the engine is asked for the whole answer and only the final event is written, so no
+    # per-token work is spent on text nobody reads as it comes.
+    stream: bool = True
 
     def system_text(self) -> str:
         return "\n".join(m.content for m in self.messages if m.role == "system")

@@ -67,6 +67,7 @@ def intake_of(msg: pb.GenerateRequest) -> Intake:
         timeout_ms=msg.timeout_ms,
         tool_use=_tool_use(msg),
         response_format=_response_format(msg.response_format),
+        stream=not msg.final_only,
     )
 
 

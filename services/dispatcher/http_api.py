@@ -137,6 +137,7 @@ class OpenAIFrontDoor:
             last_stage=ident.one_shot,
             tool_use=body.tool_use() if isinstance(body, ChatCompletionRequest) else None,
             response_format=body.format() if isinstance(body, ChatCompletionRequest) else None,
+            stream=body.stream,
         )
         dispatched, headers = await self.submit(intake, ident, tenant)
         stage = dispatched.request.stage

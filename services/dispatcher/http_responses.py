@@ -230,6 +230,7 @@ class ResponsesEndpoint:
             last_stage=ident.one_shot,
             tool_use=body.tool_use(),
             response_format=body.format(),
+            stream=body.stream,
         )
         dispatched, headers = await self._door.submit(intake, ident, tenant)
         rid = f"resp_{client_id(dispatched.request.request_id)}"

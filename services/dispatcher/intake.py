@@ -45,6 +45,7 @@ class Intake:
     last_stage: bool = False  # the workflow ends with this stage (StageRequest.last_stage)
     tool_use: ToolUse | None = None
     response_format: ResponseFormat | None = None
+    stream: bool = True  # its caller reads deltas (StageRequest.stream)
 
 
 def next_stage(program: Mapping[str, str]) -> int:
@@ -84,6 +85,7 @@ def stage_request(intake: Intake, stage: int, settings: DispatcherSettings, now:
         last_stage=intake.last_stage,
         tool_use=intake.tool_use,
         response_format=intake.response_format,
+        stream=intake.stream,
     )
 
 

@@ -106,24 +106,26 @@ class JobRunner:
             await self._probe()  # an error that is not the request's may be the engine's death
 
     async def _generate(self, job: Job) -> tuple[EngineOutput, str]:
-        """Run the request on the engine, its text going out through the publisher. Returns the final
-        output and the whole text."""
+        """Run the request on the engine, its text going out through the publisher (unless its caller
+        reads only the final event: ``StageRequest.stream``). Returns the final output and the whole text."""
         c = job.claimed
         parts: list[str] = []
         final: EngineOutput | None = None
-        started = False
+        started = not c.request.stream  # a request nobody streams never flushes a first token
         job.started = True
+        if job.cancel or job.lost:  # cancelled (or re-queued) between its claim and its start: never run
+            return EngineOutput("", True, "cancelled"), ""
         async for out in self._engine.generate(c.request, job.key, c.predicted):
             if final is not None:
                 continue
             if (job.lost or job.cancel) and not job.aborted:
                 await self._abort(job)  # the renewal saw it before the engine knew the request
-            if out.text_delta or out.tool_pieces:
+            if c.request.stream and (out.text_delta or out.tool_pieces):
                 self._deltas.add(job, out.text_delta, out.tool_pieces)
                 if not started:
                     await self._deltas.flush(job)  # the first token at once: coalescing never delays it
                     started = True
-                parts.append(out.text_delta)
+            parts.append(out.text_delta)
             if out.finished:
                 final = out
         if final is None:

@@ -93,6 +93,10 @@ class Worker:
     def completed_total(self) -> int:
         return self._jobs.completed
 
+    def deltas_published(self) -> int:
+        """Stream entries of text written so far, every request together (final events apart)."""
+        return self._deltas.entries
+
     def held(self) -> int:
         return len(self._held)
 

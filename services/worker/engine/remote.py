@@ -25,7 +25,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,7 +103,8 @@ class _Stream:
 def chat_body(
     request: StageRequest, model: str, priority: int, send_priority: bool, stream_tokens: int = 1
 ) -> dict[str, Any]:
-    """The JSON body of one streamed chat completion for ``request``."""
+    """The JSON body of one chat completion for ``request``: streamed, unless its caller reads only the
+    final event (``StageRequest.stream``), which asks the server for the whole answer in one body."""
     fields = {k: v for k, v in sampling_fields(request.sampling).items() if v is not None}
     body: dict[str, Any] = {
         "model": model,
@@ -112,13 +113,14 @@ def chat_body(
         **({} if request.sampling.to_context else {"max_tokens": request.sampling.max_tokens}),
         **fields,
         **openai_fields(request),
-        "stream": True,
-        "stream_options": {"include_usage": True},
+        "stream": request.stream,
     }
+    if request.stream:
+        body["stream_options"] = {"include_usage": True}
+        if stream_tokens > 1:
+            body["stream_interval"] = stream_tokens
     if send_priority:
         body["priority"] = priority
-    if stream_tokens > 1:
-        body["stream_interval"] = stream_tokens
     return body
 
 
@@ -141,6 +143,25 @@ class _CallsRead:
 
     def whole(self) -> tuple[ToolCall, ...]:
         return tuple(ToolCall(*self._calls[i]) for i in sorted(self._calls))
+
+
+def _whole_output(body: Mapping[str, Any]) -> EngineOutput:
+    """A non-streamed chat completion as one final output: its text, its calls whole, its usage."""
+    choice = (body.get("choices") or [{}])[0]
+    msg, usage = choice.get("message") or {}, body.get("usage") or {}
+    calls = tuple(
+        ToolCall(c.get("id") or "", (c.get("function") or {}).get("name") or "",
+                 (c.get("function") or {}).get("arguments") or "")
+        for c in msg.get("tool_calls") or ()
+    )  # fmt: skip
+    return EngineOutput(
+        msg.get("content") or "",
+        finished=True,
+        finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
+        prompt_tokens=int(usage.get("prompt_tokens", 0)),
+        completion_tokens=int(usage.get("completion_tokens", 0)),
+        tool_calls=calls,
+    )
 
 
 class RemoteEngine:
@@ -211,7 +232,7 @@ class RemoteEngine:
                 reraise=True,
             ):
                 with attempt:
-                    await self._stream_once(key, body, st)
+                    await self._request_once(key, body, st)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # handed to the consumer, which re-raises it in its own task
@@ -220,40 +241,51 @@ class RemoteEngine:
                 e = RemoteUnavailableError(f"remote engine {cfg.base_url} failed {key} {where}: {e!r}")
             st.queue.put_nowait(e)
 
-    async def _stream_once(self, key: str, body: dict[str, Any], st: _Stream) -> None:
+    async def _request_once(self, key: str, body: dict[str, Any], st: _Stream) -> None:
         assert self._client is not None
-        text_reason: str | None = None
-        usage: dict[str, Any] = {}
-        calls = _CallsRead()
-        async with self._client.post(f"{self._base}/v1/chat/completions", json=body) as resp:
+        # A whole answer comes after the whole generation: no read timeout between chunks (the worker's
+        # max_run_s still bounds it); a stream is failed after read_timeout_s of silence.
+        whole = aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.connect_timeout_s, sock_read=None)
+        kw: dict[str, Any] = {} if body["stream"] else {"timeout": whole}
+        async with self._client.post(f"{self._base}/v1/chat/completions", json=body, **kw) as resp:
             if resp.status != 200:
                 detail = (await resp.read()).decode(errors="replace")[:500]
                 msg = f"HTTP {resp.status} for {key}: {detail}"
                 if 400 <= resp.status < 500:
                     raise RemoteRejectedError(msg)
                 raise RemoteRequestError(msg)
-            rest, done = b"", False
-            async for data in resp.content.iter_any():
-                # Server-sent events, one "data: <json>" line each; a read may end inside a line.
-                *lines, rest = (rest + data).split(b"\n")
-                for line in lines:
-                    if not line.startswith(b"data: "):
-                        continue
-                    payload = line[6:].strip()
-                    if done := payload == b"[DONE]":
-                        break
-                    chunk = json.loads(payload)
-                    usage = chunk.get("usage") or usage
-                    for choice in chunk.get("choices") or ():
-                        delta = choice.get("delta") or {}
-                        text = delta.get("content") or ""
-                        pieces = calls.read(delta.get("tool_calls") or ())
-                        if text or pieces:
-                            st.deltas += 1
-                            st.queue.put_nowait(EngineOutput(text, tool_pieces=pieces))
-                        text_reason = choice.get("finish_reason") or text_reason
-                if done:
+            if body["stream"]:
+                await self._read_events(resp, st)
+            else:
+                st.queue.put_nowait(_whole_output(await resp.json()))
+
+    async def _read_events(self, resp: aiohttp.ClientResponse, st: _Stream) -> None:
+        """A streamed completion's server-sent events into ``st.queue``, its final output last."""
+        text_reason: str | None = None
+        usage: dict[str, Any] = {}
+        calls = _CallsRead()
+        rest, done = b"", False
+        async for data in resp.content.iter_any():
+            # Server-sent events, one "data: <json>" line each; a read may end inside a line.
+            *lines, rest = (rest + data).split(b"\n")
+            for line in lines:
+                if not line.startswith(b"data: "):
+                    continue
+                payload = line[6:].strip()
+                if done := payload == b"[DONE]":
                     break
+                chunk = json.loads(payload)
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta") or {}
+                    text = delta.get("content") or ""
+                    pieces = calls.read(delta.get("tool_calls") or ())
+                    if text or pieces:
+                        st.deltas += 1
+                        st.queue.put_nowait(EngineOutput(text, tool_pieces=pieces))
+                    text_reason = choice.get("finish_reason") or text_reason
+            if done:
+                break
         st.queue.put_nowait(
             EngineOutput(
                 "",

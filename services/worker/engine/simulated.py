@@ -57,7 +57,8 @@ class _Seq:
     offset: int
     out: asyncio.Queue[EngineOutput | BaseException] = field(default_factory=asyncio.Queue)
     produced: int = 0
-    held: str = ""  # text produced but not yet sent (stream_tokens > 1)
+    held: str = ""  # text produced but not yet sent (stream_tokens > 1, or not streamed)
+    every: int = 1  # text goes out every this many tokens (the first at once); 0: only at the end
     call: ToolCall | None = None  # the call it answers with instead of filler (simulated_call)
 
 
@@ -229,6 +230,7 @@ class SimulatedEngine:
             words=filler_words(prompt),
             offset=offset,
             call=call,
+            every=self.stream_tokens if request.stream else 0,
         )
 
     def _remove(self, seq: _Seq) -> None:
@@ -302,7 +304,7 @@ class SimulatedEngine:
         text = seq.held + filler_token(seq.words, seq.offset, seq.produced)
         seq.produced += 1
         if seq.produced < seq.target:
-            if seq.produced == 1 or seq.produced % self.stream_tokens == 0:
+            if seq.every and (seq.produced == 1 or seq.produced % seq.every == 0):
                 seq.held = ""
                 seq.out.put_nowait(EngineOutput(text))
             else:
@@ -326,7 +328,8 @@ class SimulatedEngine:
             0, call.id if first else "", call.name if first else "", args[max(0, 4 * i - 4) : end]
         )
         if not last:
-            seq.out.put_nowait(EngineOutput("", tool_pieces=(piece,)))
+            if seq.every:
+                seq.out.put_nowait(EngineOutput("", tool_pieces=(piece,)))
             return
         self._remove(seq)
         done = EngineOutput(

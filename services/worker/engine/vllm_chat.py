@@ -85,6 +85,16 @@ class ChatCall:
             )
         return msg.content or "", tuple(out)
 
+    def whole(self, text: str) -> str:
+        """A whole answer's content (not streamed: ``calls()`` then reads its calls); without tool parsing,
+        the text itself."""
+        if not self.parses_tools:
+            return text
+        self.raw = [text]
+        parser = self.parser_cls(self.tokenizer, self.vreq.tools)
+        _, content, _ = parser.parse(text, self.vreq, enable_auto_tools=True)
+        return content or ""
+
     def calls(self) -> tuple[ToolCall, ...]:
         """The whole output's calls, read by a fresh parser (vLLM's non-streamed path); a call keeps the id
         its streamed pieces carried."""

@@ -203,6 +203,10 @@ class VllmEngine:
             params = chat_sampling(call, max_tokens, self.cfg.stream_tokens, self._defaults)
         else:
             params = vllm_sampling(request.sampling, max_tokens, self.cfg.stream_tokens, self._defaults)
+        if not request.stream:
+            from vllm.sampling_params import RequestOutputKind
+
+            params.output_kind = RequestOutputKind.FINAL_ONLY  # one output, the whole answer
         self._active.add(key)
         completion = 0
         prompt_tokens = 0
@@ -219,8 +223,10 @@ class VllmEngine:
                 prompt_tokens = len(out.prompt_token_ids or ()) or prompt_tokens
                 text = delta.text
                 pieces: tuple[ToolCallPiece, ...] = ()
-                if call is not None:
+                if call is not None and request.stream:
                     text, pieces = call.pieces(delta.text, list(delta.token_ids), ids, out.finished)
+                elif call is not None:
+                    text = call.whole(text)
                 if not out.finished:
                     if text or pieces:
                         yield EngineOutput(text, tool_pieces=pieces)
