@@ -114,6 +114,7 @@ class Dispatcher:
         self._ids_at = 0.0
         self._gate = Gate(settings.bounds(), self.metrics)
         self._pending = PendingLoad()
+        self._forgetting = programs.Forgetting(store)
         required = keys_required(settings.auth, settings.door_hosts())
         self.auth = Authenticator(ApiKeyStore(redis, store.keys) if required else None, settings.auth_cache_s)
         self.quotas = Quotas.of(redis, store.keys, settings)
@@ -390,7 +391,7 @@ class Dispatcher:
     async def forget_program(self, program_id: str) -> None:
         """Drop a program whose stages have all finished or been cancelled (a one-stage HTTP request):
         ``end_program`` without its reads, as there is nothing left to cancel and no outcome to keep."""
-        await self._redis(Timings(), programs.forget(self.store, program_id))
+        await self._forgetting.forget(program_id)
         self.metrics.program_ended(program_id, {}, None)
 
     async def end_program(self, program_id: str, outcome: float | None, tenant: str = "") -> ProgramEnd:

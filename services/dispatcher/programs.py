@@ -7,6 +7,7 @@ from typing import cast
 from services.common.keys import ProgramField
 from services.common.queue import QueueStore
 from services.common.types import OutcomeRow
+from services.dispatcher.coalesce import Coalescer
 from services.dispatcher.errors import guarded
 from services.dispatcher.handoff import ProgramEnd
 from services.dispatcher.tenancy import tenant_of
@@ -34,9 +35,28 @@ async def end_program(
     return ProgramEnd(found=True, cancelled_requests=cancelled), program
 
 
-async def forget(store: QueueStore, program_id: str) -> None:
-    """Delete a program's row and free its place among its tenant's live workflows (``max_workflows``)."""
+async def forget(store: QueueStore, *program_ids: str) -> None:
+    """Delete programs' rows and free their places among their tenants' live workflows (``max_workflows``),
+    in one round trip."""
     pipe = store.redis.pipeline(transaction=False)
-    pipe.delete(store.keys.program(program_id))
-    pipe.zrem(store.keys.tenant_workflows(tenant_of(program_id)), program_id)
+    for program_id in program_ids:
+        pipe.delete(store.keys.program(program_id))
+        pipe.zrem(store.keys.tenant_workflows(tenant_of(program_id)), program_id)
     await pipe.execute()
+
+
+class Forgetting:
+    """Forget finished one-stage programs (every HTTP request without a program is one), those that end
+    while a round trip is out sharing the next one (``Coalescer``): at a few hundred requests in flight a
+    round trip per request was a tenth of the HTTP door's CPU."""
+
+    def __init__(self, store: QueueStore, max_items: int = 512) -> None:
+        self._store = store
+        self._batch: Coalescer[str, None] = Coalescer(self._send, max_inflight=1, max_items=max_items)
+
+    async def _send(self, program_ids: list[str]) -> list[None]:
+        await guarded(forget(self._store, *program_ids))
+        return [None] * len(program_ids)
+
+    async def forget(self, program_id: str) -> None:
+        await self._batch.call(program_id)
