@@ -45,6 +45,8 @@ class StageRecord:
     # spent, and which fault of the run's record and which log lines it meets.
     seconds: float = 0.0
     ended_unix: float = 0.0
+    # Read whole (the SDK's final_only): no deltas, so duplicated text can only show as a second trace row.
+    streamed: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +76,7 @@ def naive_text(deltas: Iterable[tuple[int, str]]) -> str:
 
 
 def stage_duplicated(s: StageRecord) -> bool:
-    return s.final_text is not None and contract_text(s.deltas) != s.final_text
+    return s.streamed and s.final_text is not None and contract_text(s.deltas) != s.final_text
 
 
 def stage_restarted(s: StageRecord) -> bool:
@@ -121,6 +123,7 @@ class Counts:
     traced_twice: int = 0  # stages with more than one trace row
     restarted_stages: int = 0  # deltas of two attempts (a naive client would duplicate text)
     stages_answered: int = 0
+    whole_stages_answered: int = 0  # of stages_answered, read whole (no deltas)
     end_program_failed: int = 0
     codes: Mapping[str, int] = field(default_factory=dict)  # failure code or lost reason -> workflows
     examples: tuple[Mapping[str, Any], ...] = ()  # a few mismatching stages, as evidence
@@ -138,6 +141,7 @@ class Counts:
             "traced_twice": self.traced_twice,
             "restarted_stages": self.restarted_stages,
             "stages_answered": self.stages_answered,
+            "whole_stages_answered": self.whole_stages_answered,
             "end_program_failed": self.end_program_failed,
             "codes": dict(self.codes),
             "examples": list(self.examples),
@@ -168,7 +172,7 @@ def count(
     with the Redis data after a restart without persistence)."""
     by: Counter[str] = Counter()
     codes: Counter[str] = Counter()
-    dup_wf = dup_st = twice = restarted = answered = 0
+    dup_wf = dup_st = twice = restarted = answered = whole = 0
     examples: list[dict[str, Any]] = []
     failures: list[dict[str, Any]] = []
     for w in workflows:
@@ -193,6 +197,7 @@ def count(
         dup_here = False
         for s in w.stages:
             answered += s.final_text is not None
+            whole += s.final_text is not None and not s.streamed
             restarted += stage_restarted(s)
             twice_here = traced is not None and any(traced.get(r, 0) > 1 for r in s.request_ids)
             twice += twice_here
@@ -213,6 +218,7 @@ def count(
         traced_twice=twice,
         restarted_stages=restarted,
         stages_answered=answered,
+        whole_stages_answered=whole,
         end_program_failed=sum(1 for w in workflows if w.end_error),
         codes=dict(sorted(codes.items())),
         examples=tuple(examples),

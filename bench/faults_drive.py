@@ -1,4 +1,5 @@
-"""The fault benchmark's clients: multi-stage streaming workflows through the SDK, every delta recorded.
+"""The fault benchmark's clients: multi-stage workflows through the SDK, every delta recorded; about half the
+stages are streamed and the rest read whole (``DriveConfig.whole_percent``).
 
 Each workflow runs its stages in order (every stage's answer feeds the next, as in ``services.demo``) and
 records, per stage, every streamed delta with its attempt number, the final event, or the error it ended
@@ -13,6 +14,7 @@ import contextlib
 import random
 import time
 import uuid
+import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +40,9 @@ class DriveConfig:
     end_timeout_s: float = 10.0
     probe_tokens: int = 4
     probe_timeout_s: float = 20.0
+    # Stages read whole (the SDK's final_only: the engine is not asked to stream), by a hash of the
+    # stage's request id: the non-streaming path under the same faults.
+    whole_percent: int = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +94,7 @@ async def _stage(
     rid = f"{p.program_id}-s{stage}"
     deltas: list[tuple[int, str]] = []
     final: Completion | None = None
+    streamed = zlib.crc32(rid.encode()) % 100 >= cfg.whole_percent
 
     async def consume() -> None:
         nonlocal final
@@ -100,6 +106,7 @@ async def _stage(
             workflow=p.workflow.name,
             sampling=Sampling(max_tokens=cfg.max_tokens),
             request_id=rid,
+            final_only=not streamed,
         ):
             if isinstance(ev, TextDelta):
                 deltas.append((ev.attempt, ev.text))
@@ -137,6 +144,7 @@ async def _stage(
         redis_state=state,
         seconds=seconds,
         ended_unix=ended_unix,
+        streamed=streamed,
     )
 
 

@@ -11,7 +11,8 @@ HEADER = """# Fault benchmark
 
 `make bench-faults` (`python -m bench.faults`) starts a fresh stack per fault kind (`running_stack`: private
 redis-server, router, predictor, dispatcher, two workers of SIMULATED engines, a measuring instrument),
-drives concurrent multi-stage streaming workflows through the gRPC door with the SDK, strikes once a
+drives concurrent multi-stage workflows through the gRPC door with the SDK (about half the stages streamed,
+the rest read whole: `final_only`, no deltas; "whole" counts those answered), strikes once a
 quarter of the stages are answered, and counts what the clients saw. For `dispatcher_kill_replica` the stack
 runs two dispatchers on the one Redis (`LauncherSettings.dispatchers`), the SDK is given both addresses, and
 the one holding the reaper lease is killed. `make soak` runs one stack (two dispatchers, one engine's
@@ -59,14 +60,16 @@ def _row(name: str, row: Mapping[str, Any]) -> str:
         str(c["restarted_stages"]),
         "-" if back is None else f"{back:g}",
         _residue(row),
+        f"{c.get('stages_answered', 0)} ({c.get('whole_stages_answered', 0)})",
     ]
     return "| " + " | ".join(cells) + " |"
 
 
 TABLE = (
     "| fault | injected | restarted by | started | completed | failed (retryable) | failed (other) | lost |"
-    " dup (stream / traced twice) | restarted | serves again (s) | residue (drain) |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    " dup (stream / traced twice) | restarted | serves again (s) | residue (drain) |"
+    " stages answered (whole) |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 

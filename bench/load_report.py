@@ -15,21 +15,22 @@ def _door(row: dict[str, Any]) -> str:
 
 def _throughput_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
-        "| door | in flight | stages/s | dispatch ms p50 | p99 | errors | CPU-s per 1k stages (all) "
-        "| dispatcher | worker-fast | worker-slow | redis | router | predictor |",
-        "|" + "---|" * 13,
+        "| door | in flight | stages/s | dispatch ms p50 | p99 | e2e s p50 | p99 | errors "
+        "| CPU-s per 1k stages (all) | dispatcher | worker-fast | worker-slow | redis | router | predictor "
+        "| client cores |",
+        "|" + "---|" * 16,
     ]
     for r in rows:
         cpu = r["cpu_s_per_1k_stages"]
         lines.append(
             f"| {_door(r)} | {r['phase']['concurrency']} | {r['stages_per_s']:.1f} | "
-            f"{r['dispatch_ms_p50']:.1f} | {r['dispatch_ms_p99']:.1f} | {r['requests'] - r['ok']} | "
-            f"{r['cpu_s_per_1k_stages_total']:.2f} | "
+            f"{r['dispatch_ms_p50']:.1f} | {r['dispatch_ms_p99']:.1f} | {r['e2e_s_p50']:.3f} | "
+            f"{r['e2e_s_p99']:.3f} | {r['requests'] - r['ok']} | {r['cpu_s_per_1k_stages_total']:.2f} | "
             + " | ".join(
                 f"{cpu.get(k, 0.0):.2f}"
                 for k in ("dispatcher", "worker-fast", "worker-slow", "redis", "router", "predictor")
             )
-            + " |"
+            + f" | {r.get('client_cores', 0.0):.2f} |"
         )
     return lines
 
