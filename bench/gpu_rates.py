@@ -9,8 +9,10 @@ its own process (``bench.gpu_rates_client``), stage lengths drawn from the real 
   flushes every ``publish_interval_s``: the worker's defaults);
 - ``whole``: every stage read whole (the SDK's ``generate()``: no per-token relay);
 - ``mix``: half and half;
-- ``per_stage``: one-token stages read whole, at the reference stage rate: the work each stage costs
-  whatever its length.
+- ``per_stage``: one-token stages read whole, at the phases' own stage rate and at the reference rate: the
+  work each stage costs whatever its length (it depends on the rate: concurrent calls coalesce);
+- ``mix_inline`` and its per-stage phases: the same on a stack whose dispatcher runs the router and
+  predictor models itself (``LauncherSettings.inference``), with no gRPC call to either.
 
 Each process's CPU is read with psutil over each phase. The simulated engine runs inside the worker process,
 so its own CPU (measured alone, ``engine_alone``, same lengths and batch, no Chimera around it) is taken out
@@ -80,14 +82,13 @@ def real_lengths() -> tuple[int, ...]:
     return tuple(x for x in out if x > 0)
 
 
-def _pool(worker_env: Mapping[str, str], seqs: int) -> PoolSpec:
+def _pool(seqs: int) -> PoolSpec:
     env = {
         "time_scale": "1",
         "profile_json": H100_8B.to_json(),
         # Every request produces exactly its max_tokens: the lengths come from the client's draw.
         "sim_length_median": "1e9",
         "sim_length_sigma": "0",
-        **worker_env,
     }
     spec = EngineSpec(
         id="gpu", model="sim-8b", kind="simulated", max_num_seqs=seqs, stand_in="ministral-8b", env=env
@@ -130,24 +131,25 @@ def measured_phase(
 
 
 @contextlib.contextmanager
-def stack_of(
-    cfg: Config, state: Path, worker_env: Mapping[str, str]
-) -> Iterator[Callable[..., dict[str, Any]]]:
-    """A warmed-up stack whose worker has ``worker_env``, as a function that measures one phase on it."""
-    settings = LauncherSettings.ephemeral(state, start_timeout_s=300)
-    with running_stack(settings, _pool(worker_env, cfg.streams)) as stack:
+def stack_of(cfg: Config, state: Path, inference: str = "remote") -> Iterator[Callable[..., dict[str, Any]]]:
+    """A warmed-up stack (the router and predictor in their services, or ``inline`` in the dispatcher), as
+    a function that measures one phase on it."""
+    settings = LauncherSettings.ephemeral(state / inference, start_timeout_s=300, inference=inference)
+    with running_stack(settings, _pool(cfg.streams)) as stack:
         groups = stack_groups(stack)
         base = {"addr": stack.dispatcher_addr, "concurrency": cfg.streams, "seed": cfg.seed}
         _client({**base, "lengths": [64], "duration_s": cfg.warmup_s})
 
         def measure(label: str, **phase: Any) -> dict[str, Any]:
             res = measured_phase(groups, {**base, "duration_s": cfg.duration_s, **phase}, label)
-            return {"label": label, "worker_env": dict(worker_env), **res}
+            return {"label": label, "inference": inference, **res}
 
         yield measure
 
 
-async def _engine_alone(lengths: Sequence[int], streams: int, duration_s: float, stream_tokens: int) -> dict:
+async def _engine_alone(
+    lengths: Sequence[int], streams: int, duration_s: float, stream_tokens: int
+) -> dict[str, Any]:
     """The simulated engine with nothing around it: its consumers only count what it yields."""
     from services.worker.engine.simulated import SimulatedEngine
 
@@ -215,7 +217,7 @@ def run(cfg: Config) -> dict[str, Any]:
     }
     with tempfile.TemporaryDirectory(prefix="chimera-gpu-rates-") as tmp:
         state = Path(tmp)
-        with stack_of(cfg, state, {}) as measure:
+        with stack_of(cfg, state) as measure:
             phases = [
                 measure("stream", lengths=lengths, stream_share=1.0),
                 whole := measure("whole", lengths=lengths, stream_share=0.0),
@@ -224,6 +226,14 @@ def run(cfg: Config) -> dict[str, Any]:
                 # phases above ran at, to take out of theirs, and at the reference rate, to price it there.
                 measure("per_stage", lengths=[1], stream_share=0.0, rate=whole["stages_per_s"]),
                 measure("per_stage_reference", lengths=[1], stream_share=0.0, rate=REFERENCE_STAGES_PER_S),
+            ]
+        # The router and predictor inside the dispatcher (LauncherSettings.inference): no gRPC call to
+        # either per first stage, their models' work in the dispatcher's process instead.
+        with stack_of(cfg, state, "inline") as measure:
+            phases += [
+                mix := measure("mix_inline", lengths=lengths, stream_share=0.5),
+                measure("per_stage_inline_own", lengths=[1], stream_share=0.0, rate=mix["stages_per_s"]),
+                measure("per_stage_inline", lengths=[1], stream_share=0.0, rate=REFERENCE_STAGES_PER_S),
             ]
     result["phases"] = phases
     result["engine_alone"] = engine_alone(lengths, cfg, default_tokens)
@@ -241,23 +251,27 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         return {k: v / max(1, p["stages"]) for k, v in p["cpu_s"].items()}
 
     per_stage, at_ref = per_stage_of("per_stage"), per_stage_of("per_stage_reference")
+    inline_own, inline_ref = per_stage_of("per_stage_inline_own"), per_stage_of("per_stage_inline")
     ref_t, ref_s = result["reference"]["tokens_per_s"], result["reference"]["stages_per_s"]
     out: dict[str, Any] = {
         "per_stage_cpu_ms": {k: round(1000 * v, 3) for k, v in per_stage.items()},
         "per_stage_cpu_ms_at_reference": {k: round(1000 * v, 3) for k, v in at_ref.items()},
         "cores_per_100_stages_per_s": round(100 * sum(at_ref.values()), 3),
+        "per_stage_cpu_ms_inline": {k: round(1000 * v, 3) for k, v in inline_ref.items()},
+        "cores_per_100_stages_per_s_inline": round(100 * sum(inline_ref.values()), 3),
     }
     for label, p in phases.items():
         if label.startswith("per_stage"):
             continue
         engine_1k = result["engine_alone"]["cpu_s_per_1k_tokens"]
+        own, ref = (inline_own, inline_ref) if p["inference"] == "inline" else (per_stage, at_ref)
         relay = {}
         for proc, cpu in p["cpu_s"].items():
-            cpu -= per_stage.get(proc, 0.0) * p["stages"]
+            cpu -= own.get(proc, 0.0) * p["stages"]
             if proc.startswith("worker"):
                 cpu -= engine_1k * p["tokens"] / 1000
             relay[proc] = max(0.0, cpu) * 1000 / max(1, p["tokens"])
-        cores = {k: relay[k] * ref_t / 1000 + at_ref.get(k, 0.0) * ref_s for k in relay}
+        cores = {k: relay[k] * ref_t / 1000 + ref.get(k, 0.0) * ref_s for k in relay}
         out[label] = {
             "tokens_per_s": p["tokens_per_s"],
             "stages_per_s": p["stages_per_s"],

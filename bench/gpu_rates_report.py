@@ -29,7 +29,7 @@ def markdown(r: dict[str, Any]) -> str:
         + " | chunk gap p50 / p90 ms | TTFT p50 / p99 ms | errors |",
         "|---|---|---|---|---|---|" + "---|" * len(procs) + "---|---|---|",
     ]
-    for label in ("stream", "whole", "mix"):
+    for label in ("stream", "whole", "mix", "mix_inline"):
         p = s[label]
         target = _TARGETS.get(label)
         by = p["cores_per_gpu_by_process"]
@@ -47,6 +47,9 @@ def markdown(r: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v:.2f}" for k, v in s["per_stage_cpu_ms_at_reference"].items())
         + f" at {ref['stages_per_s']:g} stages/s (at the phases' own rate: "
         + ", ".join(f"{k} {v:.2f}" for k, v in s["per_stage_cpu_ms"].items())
+        + "). With the router and predictor inline in the dispatcher: "
+        f"{s['cores_per_100_stages_per_s_inline']:.3f} cores per 100 stages/s ("
+        + ", ".join(f"{k} {v:.2f}" for k, v in s["per_stage_cpu_ms_inline"].items())
         + ").",
         "",
         "Simulated engine alone (taken out of the worker's figures): "

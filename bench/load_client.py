@@ -128,8 +128,10 @@ def http_sender(session: aiohttp.ClientSession, p: Phase) -> Send:
         try:
             async with session.post("/v1/chat/completions", json=body) as r:
                 if r.status != 200:
-                    await r.read()
-                    return Outcome(f"HTTP {r.status}", retry_after=r.headers.get("retry-after"))
+                    said = (await r.read()).decode(errors="replace")[:200]
+                    now = time.perf_counter()
+                    retry = r.headers.get("retry-after")
+                    return Outcome(f"HTTP {r.status}", retry_after=retry, detail=said, ended=now)
                 out = Outcome("NO_FINAL", browned_out="x-chimera-brownout-from" in r.headers)
                 async for raw in r.content:
                     line = raw.decode().rstrip("\r\n")
@@ -140,6 +142,8 @@ def http_sender(session: aiohttp.ClientSession, p: Phase) -> Send:
                     chunk = json.loads(line[6:])
                     if "error" in chunk:
                         out.status = f"SSE {chunk['error'].get('code')}"
+                        out.detail = str(chunk["error"].get("message", ""))[:200]
+                        out.ended = time.perf_counter()
                     elif info := chunk.get("chimera"):
                         out.status, out.dispatch_ms = "ok", float(info["dispatch_ms"])
                         out.queue_wait_s = float(info["queue_wait_s"])
