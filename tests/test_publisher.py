@@ -5,11 +5,13 @@ each delta carries its end offset."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 
 from services.common.queue import DeltaItem, QueueStore
 from services.worker.publisher import DeltaPublisher
@@ -95,3 +97,39 @@ async def test_a_completion_takes_its_requests_pending_text_and_waits_for_a_flus
 
 async def _done(deltas: list[tuple[str, int, str, int]]) -> list[tuple[str, int, str, int]]:
     return deltas
+
+
+class OutageStore(FakeStore):
+    """Fails the first ``fails`` publishes as Redis down would, and lets text arrive while one is out."""
+
+    def __init__(self, fails: int) -> None:
+        super().__init__()
+        self.fails = fails
+        self.during: Callable[[], None] | None = None
+
+    async def publish_deltas(self, engine: str, items: Sequence[tuple[str, int, str, int]]) -> list[bool]:
+        if self.during is not None:
+            self.during()
+            self.during = None
+        if self.fails:
+            self.fails -= 1
+            raise RedisConnectionError("Redis is down")
+        return await super().publish_deltas(engine, items)
+
+
+async def test_a_flush_that_fails_puts_its_text_back_ahead_of_what_came_meanwhile() -> None:
+    """A Redis outage must not leave a gap in a stream: the text of a failed flush goes out with the next
+    one, before the text that arrived while it was out, and the end offsets stay those of the text."""
+    a, b = Job("a"), Job("b")
+    store = OutageStore(fails=1)
+    pub = DeltaPublisher(cast(QueueStore, cast(Any, store)), "e0", 0.05, 1 << 16)
+    store.during = lambda: pub.add(a, "a2")
+    pub.add(a, "a1")
+    pub.add(b, "b1")
+    with pytest.raises(RedisError):
+        await pub.flush()
+    assert store.calls == [] and a.published == 0 and b.published == 0
+    await pub.flush()
+    assert sorted(store.calls[0]) == [DeltaItem("a", 1, "a1a2", 4), DeltaItem("b", 1, "b1", 2)]
+    await pub.flush()
+    assert len(store.calls) == 1  # nothing left over

@@ -97,11 +97,34 @@ class DeltaPublisher:
                 batch, self._pending, self._chars = list(self._pending.values()), {}, 0
                 self._soon.clear()
                 self._some.clear()
-                items = self._items(batch)
             else:
-                items = self._take(source)
-            if items:
+                one = self._pending.get(id(source))
+                batch = [] if one is None else [one]
+            items = self._take(source) if source is not None else self._items(batch)
+            if not items:
+                return
+            try:
                 await self._store.publish_deltas(self._engine, items)
+            except RedisError:
+                self._put_back(batch)  # sent with the next flush: a Redis outage leaves no gap in a stream
+                raise
+
+    def _put_back(self, batch: list[_Pending]) -> None:
+        """Return a failed flush's text to the front of what is pending, its position taken back."""
+        for p in batch:
+            if p.source.stale:
+                continue
+            p.source.published -= p.chars
+            later = self._pending.get(id(p.source))  # text added while the flush was out comes after
+            if later is not None:
+                p.parts += later.parts
+                p.pieces += later.pieces
+                p.chars += later.chars
+                self._chars -= later.chars
+            self._pending[id(p.source)] = p
+            self._chars += p.chars
+        if self._pending:
+            self._some.set()
 
     async def flush_with(self, source: Source, send: Callable[[list[DeltaItem]], Awaitable[T]]) -> T:
         """Hand ``source``'s pending text to ``send``, its completion, which writes it ahead of the final
@@ -158,5 +181,5 @@ class DeltaPublisher:
             try:
                 await self.flush()
             except RedisError as e:
-                # The deltas are lost for live readers; the final event still carries the whole text.
+                # Put back (flush): they go out with the next flush, or with the final event.
                 log.warning("could not publish deltas: %s", e)
