@@ -15,8 +15,9 @@ import time
 from collections.abc import Awaitable, Callable
 
 from redis.exceptions import RedisError
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from services.common.queue import QueueStore
+from services.common.queue import DeltaItem, QueueStore
 from services.worker import records
 from services.worker.engine.base import (
     Engine,
@@ -123,7 +124,10 @@ class JobRunner:
             if c.request.stream and (out.text_delta or out.tool_pieces):
                 self._deltas.add(job, out.text_delta, out.tool_pieces)
                 if not started:
-                    await self._deltas.flush(job)  # the first token at once: coalescing never delays it
+                    # The first token at once: coalescing never delays it. Refused by Redis, its text was
+                    # put back and goes out with the next flush.
+                    with contextlib.suppress(RedisError):
+                        await self._deltas.flush(job)
                     started = True
             parts.append(out.text_delta)
             if out.finished:
@@ -137,9 +141,21 @@ class JobRunner:
         result = records.stage_result(final, text)
         trace = records.trace_row(c, result, engine_id, model, run_s)
         extra = records.final_extra(c, engine_id, model, run_s)
-        done = await self._deltas.flush_with(
-            job, lambda last: self._q.complete(c, result, trace, extra, last)
-        )
+
+        async def complete(last: list[DeltaItem]) -> bool:
+            # Redis away for a moment (a restart, a failover) must not fail a finished answer: the same
+            # completion, its last deltas with it, is sent again (COMPLETE writes once).
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(RedisError),
+                stop=stop_after_delay(self._o.lease_s * 2),
+                wait=wait_exponential(multiplier=0.1, max=1.0),
+                reraise=True,
+            ):
+                with attempt:
+                    return await self._q.complete(c, result, trace, extra, last)
+            raise AssertionError("unreachable: the retry loop returns or raises")
+
+        done = await self._deltas.flush_with(job, complete)
         if done:
             self.completed += 1
             self._m.completed(result.finish_reason, run_s, result.completion_tokens)
