@@ -46,7 +46,10 @@ class ScaleoutConfig:
     failover_workflows: int = 48
     seed: int = 20260501
     stack: StackConfig = StackConfig()
-    drive: DriveConfig = DriveConfig()
+    # Every stage streamed. NOTE(cluster-whole): with half the stages read whole (the fault bench's
+    # default), one workflow of 12 failed INTERNAL across a master failover in 2 of 4 runs of the cluster
+    # test, not yet explained; until it is, this scenario measures the streamed path it always has.
+    drive: DriveConfig = DriveConfig(whole_percent=0)
     node_timeout_ms: int = 2000
     fault_at: float = 0.25  # kill once this share of the failover batch's stages is answered
     fault_latest_s: float = 30.0
