@@ -150,6 +150,8 @@ async def test_sampling_params_are_mapped(engine: VllmEngine) -> None:
     p = vllm_sampling(SamplingParams(max_tokens=7, temperature=0.5, top_p=0.9, seed=3, stop=("\n\n",)), 5)
     assert (p.max_tokens, p.temperature, p.top_p, p.seed, p.stop) == (5, 0.5, 0.9, 3, ["\n\n"])
     assert (p.stream_interval, vllm_sampling(SamplingParams(), 5, stream_tokens=4).stream_interval) == (1, 4)
+    whole = vllm_sampling(SamplingParams(), 5, stream=False)
+    assert (p.output_kind.name, whole.output_kind.name) == ("DELTA", "FINAL_ONLY")
     # Same seed, same sampled text: the seed reaches the engine.
     a = await _collect(engine.generate(_req("s1", max_tokens=8, temperature=1.0, seed=7), "s1", 0))
     b = await _collect(engine.generate(_req("s2", max_tokens=8, temperature=1.0, seed=7), "s2", 0))

@@ -98,9 +98,8 @@ class DeltaPublisher:
                 self._soon.clear()
                 self._some.clear()
             else:
-                one = self._pending.get(id(source))
-                batch = [] if one is None else [one]
-            items = self._take(source) if source is not None else self._items(batch)
+                batch = self._take(source)
+            items = self._items(batch)
             if not items:
                 return
             try:
@@ -134,16 +133,17 @@ class DeltaPublisher:
         connection could otherwise land after these later deltas, and PUBLISH would drop it as already in.
         """
         async with self._lock:
-            return await send(self._take(source))
+            return await send(self._items(self._take(source)))
 
-    def _take(self, source: Source) -> list[DeltaItem]:
+    def _take(self, source: Source) -> list[_Pending]:
+        """``source``'s pending text, taken out of what the next flush sends."""
         one = self._pending.pop(id(source), None)
         if one is None:
             return []
         self._chars -= one.chars
         if not self._pending:
             self._some.clear()
-        return self._items([one])
+        return [one]
 
     def _items(self, batch: list[_Pending]) -> list[DeltaItem]:
         """The deltas to write, counted as sent; a stale attempt's text is dropped."""

@@ -132,13 +132,15 @@ def chat_call(request: StageRequest, model: str, parser_cls: Any, tokenizer: Any
     return ChatCall(vreq, parser_cls, tokenizer)
 
 
-def chat_sampling(call: ChatCall, max_tokens: int, stream_tokens: int, defaults: Mapping[str, Any]) -> Any:
-    """vLLM's SamplingParams of the call's request model, streaming deltas; an unset field takes the
-    model's default from ``defaults``, as vllm serve does."""
+def chat_sampling(
+    call: ChatCall, max_tokens: int, stream_tokens: int, defaults: Mapping[str, Any], stream: bool = True
+) -> Any:
+    """vLLM's SamplingParams of the call's request model, streaming deltas (not ``stream``: one output, the
+    whole answer); an unset field takes the model's default from ``defaults``, as vllm serve does."""
     from vllm.sampling_params import RequestOutputKind
 
     params = call.vreq.to_sampling_params(max_tokens, dict(defaults))
-    params.output_kind = RequestOutputKind.DELTA
+    params.output_kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
     params.stream_interval = stream_tokens
     return params
 

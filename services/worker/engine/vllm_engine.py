@@ -98,11 +98,16 @@ def engine_args(cfg: VllmEngineConfig) -> Any:
 
 
 def vllm_sampling(
-    sampling: SamplingParams, max_tokens: int, stream_tokens: int = 1, defaults: Mapping[str, Any] = {}
+    sampling: SamplingParams,
+    max_tokens: int,
+    stream_tokens: int = 1,
+    defaults: Mapping[str, Any] = {},
+    stream: bool = True,
 ) -> Any:
     """Our sampling knobs as vLLM's, streaming deltas (each output carries only the new tokens, and only
-    every ``stream_tokens`` tokens: vLLM holds the rest back, the first token and the last excepted). A
-    field left unset takes the model's default from ``defaults`` (its generation config), else vLLM's."""
+    every ``stream_tokens`` tokens: vLLM holds the rest back, the first token and the last excepted), or,
+    not ``stream``, one output with the whole answer. A field left unset takes the model's default from
+    ``defaults`` (its generation config), else vLLM's."""
     from vllm.sampling_params import RequestOutputKind
     from vllm.sampling_params import SamplingParams as VSamplingParams
 
@@ -113,7 +118,7 @@ def vllm_sampling(
         seed=sampling.seed,
         stop=list(sampling.stop) or None,
         **given,
-        output_kind=RequestOutputKind.DELTA,
+        output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
         stream_interval=stream_tokens,
     )
 
@@ -200,13 +205,11 @@ class VllmEngine:
         call: ChatCall | None = None
         if needs_chat_request(request):
             call = chat_call(request, self.model, self._parser_cls, self._tokenizer)
-            params = chat_sampling(call, max_tokens, self.cfg.stream_tokens, self._defaults)
+            params = chat_sampling(call, max_tokens, self.cfg.stream_tokens, self._defaults, request.stream)
         else:
-            params = vllm_sampling(request.sampling, max_tokens, self.cfg.stream_tokens, self._defaults)
-        if not request.stream:
-            from vllm.sampling_params import RequestOutputKind
-
-            params.output_kind = RequestOutputKind.FINAL_ONLY  # one output, the whole answer
+            params = vllm_sampling(
+                request.sampling, max_tokens, self.cfg.stream_tokens, self._defaults, request.stream
+            )
         self._active.add(key)
         completion = 0
         prompt_tokens = 0
