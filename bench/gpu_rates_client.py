@@ -20,6 +20,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bench.load_client import percentile
 from chimera_client import NO_RETRY, AsyncClient, Completion, Sampling
 
 PROMPT = "Write a function that returns the n-th Fibonacci number."
@@ -85,13 +86,6 @@ async def one(client: AsyncClient, p: Phase, rng: random.Random, t: Tally) -> No
     t.tokens += done.completion_tokens
 
 
-def _pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return 0.0
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
 async def run(p: Phase) -> dict[str, Any]:
     t, rng = Tally(), random.Random(p.seed)
     async with AsyncClient(p.addr, default_timeout_s=p.timeout_s, retry=NO_RETRY) as client:
@@ -121,12 +115,12 @@ async def run(p: Phase) -> dict[str, Any]:
         "tokens_per_s": round(t.tokens / elapsed, 1),
         "stages_per_s": round(t.stages / elapsed, 2),
         "chunks": t.chunks,
-        "ttft_ms_p50": round(1000 * _pct(t.ttft_s, 0.5), 1),
-        "ttft_ms_p99": round(1000 * _pct(t.ttft_s, 0.99), 1),
-        "chunk_gap_ms_p10": round(1000 * _pct(t.gaps_s, 0.1), 1),
-        "chunk_gap_ms_p50": round(1000 * _pct(t.gaps_s, 0.5), 1),
-        "chunk_gap_ms_p90": round(1000 * _pct(t.gaps_s, 0.9), 1),
-        "chunk_gap_ms_p99": round(1000 * _pct(t.gaps_s, 0.99), 1),
+        "ttft_ms_p50": round(1000 * percentile(t.ttft_s, 0.5), 1),
+        "ttft_ms_p99": round(1000 * percentile(t.ttft_s, 0.99), 1),
+        "chunk_gap_ms_p10": round(1000 * percentile(t.gaps_s, 0.1), 1),
+        "chunk_gap_ms_p50": round(1000 * percentile(t.gaps_s, 0.5), 1),
+        "chunk_gap_ms_p90": round(1000 * percentile(t.gaps_s, 0.9), 1),
+        "chunk_gap_ms_p99": round(1000 * percentile(t.gaps_s, 0.99), 1),
     }
 
 

@@ -196,7 +196,7 @@ async def open_loop(send: Send, t: Tally, p: Phase) -> None:
     await asyncio.gather(*tasks)
 
 
-def _pct(xs: list[float], q: float) -> float:
+def percentile(xs: list[float], q: float) -> float:
     if not xs:
         return 0.0
     xs = sorted(xs)
@@ -211,7 +211,7 @@ def _failure_times(t: Tally, t0: float) -> dict[str, dict[str, float]]:
         lasted, ended = [o.e2e_s for o in xs], [o.ended - t0 for o in xs]
         out[status] = {
             "lasted_s_min": round(min(lasted), 2),
-            "lasted_s_p50": round(_pct(lasted, 0.5), 2),
+            "lasted_s_p50": round(percentile(lasted, 0.5), 2),
             "lasted_s_max": round(max(lasted), 2),
             "ended_s_min": round(min(ended), 2),
             "ended_s_max": round(max(ended), 2),
@@ -234,12 +234,12 @@ def summary(t: Tally, elapsed_s: float) -> dict[str, Any]:
         "errors_other": len(t.outcomes) - len(ok) - len(refused),
         "open_max": t.open_max,
         "failure_samples": sorted({f"{o.status}: {o.detail}" for o in t.outcomes if o.status != "ok"})[:10],
-        "dispatch_ms_p50": _pct([o.dispatch_ms for o in ok], 0.5),
-        "dispatch_ms_p99": _pct([o.dispatch_ms for o in ok], 0.99),
-        "queue_wait_s_p50": _pct([o.queue_wait_s for o in ok], 0.5),
-        "queue_wait_s_p99": _pct([o.queue_wait_s for o in ok], 0.99),
-        "e2e_s_p50": _pct([o.e2e_s for o in ok], 0.5),
-        "e2e_s_p99": _pct([o.e2e_s for o in ok], 0.99),
+        "dispatch_ms_p50": percentile([o.dispatch_ms for o in ok], 0.5),
+        "dispatch_ms_p99": percentile([o.dispatch_ms for o in ok], 0.99),
+        "queue_wait_s_p50": percentile([o.queue_wait_s for o in ok], 0.5),
+        "queue_wait_s_p99": percentile([o.queue_wait_s for o in ok], 0.99),
+        "e2e_s_p50": percentile([o.e2e_s for o in ok], 0.5),
+        "e2e_s_p99": percentile([o.e2e_s for o in ok], 0.99),
     }
 
 

@@ -335,43 +335,45 @@ async def test_a_request_nobody_streams_writes_its_final_event_and_no_delta(
     assert worker.deltas_published() == len(streamed) - 1
 
 
-async def test_a_cancelled_request_nobody_streams_ends_on_the_engine(redis_client: Redis, keys: Keys) -> None:
+async def _one_whole_request_ended(
+    redis_client: Redis, keys: Keys, end: Callable[[QueueStore, SimulatedEngine], Awaitable[None]], **kw: Any
+) -> list[dict[str, Any]]:
+    """Run one long request nobody streams on a worker with ``kw``, end it with ``end``; its events, once
+    the engine has let go of it too (not only its stream)."""
     q = QueueStore(redis_client, keys)
     await _enqueue(q, "whole-100000", 1.0, stream=False)
     engine = _engine(1, 10.0)
-    worker = _worker(redis_client, keys, engine, prefetch=0, lease_s=1.5)
+    worker = _worker(redis_client, keys, engine, prefetch=0, **kw)
     run = asyncio.create_task(worker.run())
     try:
+        await end(q, engine)
+        await _until(lambda: _finished(redis_client, keys, "whole-100000"), 5)
+        assert engine.running() == 0
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(run, 10)
+    return await _events(redis_client, keys, "whole-100000")
 
+
+async def test_a_cancelled_request_nobody_streams_ends_on_the_engine(redis_client: Redis, keys: Keys) -> None:
+    async def cancel(q: QueueStore, engine: SimulatedEngine) -> None:
         async def running() -> bool:
             return engine.running() == 1 and engine.steps > 3
 
         await _until(running)
         assert await q.cancel(ENGINE, "whole-100000") == "running"
-        await _until(lambda: _finished(redis_client, keys, "whole-100000"), 5)
-        assert engine.running() == 0  # the engine let go of it, not only the stream
-    finally:
-        worker.request_stop()
-        await asyncio.wait_for(run, 10)
-    evs = await _events(redis_client, keys, "whole-100000")
+
+    evs = await _one_whole_request_ended(redis_client, keys, cancel, lease_s=1.5)
     assert [e["t"] for e in evs] == ["final"] and evs[0]["finish_reason"] == "cancelled"
 
 
 async def test_a_request_nobody_streams_past_max_run_ends_on_the_engine(
     redis_client: Redis, keys: Keys
 ) -> None:
-    q = QueueStore(redis_client, keys)
-    await _enqueue(q, "whole-100000", 1.0, stream=False)
-    engine = _engine(1, 10.0)
-    worker = _worker(redis_client, keys, engine, prefetch=0, max_run_s=0.5)
-    run = asyncio.create_task(worker.run())
-    try:
-        await _until(lambda: _finished(redis_client, keys, "whole-100000"), 5)
-        assert engine.running() == 0
-    finally:
-        worker.request_stop()
-        await asyncio.wait_for(run, 10)
-    evs = await _events(redis_client, keys, "whole-100000")
+    async def wait(q: QueueStore, engine: SimulatedEngine) -> None:
+        return None  # max_run_s ends it
+
+    evs = await _one_whole_request_ended(redis_client, keys, wait, max_run_s=0.5)
     assert [e["t"] for e in evs] == ["error"] and evs[0]["code"] == "DEADLINE_EXCEEDED"
 
 
