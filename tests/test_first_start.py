@@ -115,8 +115,9 @@ def test_a_first_start_is_waited_for_while_it_moves_and_failed_once_it_stops(
         freezer.start()
         t1 = time.monotonic()
         with pytest.raises(RuntimeError, match="made no progress") as failed:
-            sup.start_and_wait([again], timeout_s=5.0, stall_s=8.0)
-        assert time.monotonic() - t1 < 60.0
+            # The stall limit leaves room for the import of vLLM before its first reports on a loaded CI.
+            sup.start_and_wait([again], timeout_s=5.0, stall_s=30.0)
+        assert time.monotonic() - t1 < 120.0
         assert "last: loading" in str(failed.value)
         assert len(str(failed.value).splitlines()) > 1  # the worker's log tail follows the reason
     finally:

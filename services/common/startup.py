@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 class Phase:
     """Values of ``StartupField.PHASE``, in the order a first start passes through them."""
 
+    STARTING: Final = "starting"  # the engine's libraries imported (vLLM and torch: seconds on a busy CPU)
     FETCHING: Final = "fetching"  # model weights from the package registry
     ASSEMBLING: Final = "assembling"  # part files joined and checked
     CONVERTING: Final = "converting"  # GGUF to the safetensors vLLM loads
