@@ -135,6 +135,32 @@ async def test_a_tenant_cannot_touch_another_tenant_s_program(tenants: Tenants) 
     assert labels == {("acme~run-42", 1.0), ("globex~run-42", 0.0)}, labels
 
 
+async def test_a_conversation_continues_only_within_its_tenant(tenants: Tenants) -> None:
+    t = tenants
+    turn = [{"role": "user", "content": "write a haiku about queues"}]
+    async with _http(t, t.a) as a, _http(t, t.b) as b:
+        first = await a.post("/chat/completions", json={"model": "auto", "messages": turn, "max_tokens": 4})
+        assert first.status_code == 200, first.text
+        answer = first.json()["choices"][0]["message"]["content"]
+        program = first.headers["x-chimera-program-id"]
+        # A chat turn offered no tool: its program no longer counts against acme's live workflows.
+        assert await t.redis.zscore(t.keys.tenant_workflows("acme"), f"acme~{program}") is None
+        replay = [*turn, {"role": "assistant", "content": answer}, {"role": "user", "content": "another"}]
+        body = {"model": "auto", "messages": replay, "max_tokens": 4}
+        theirs = await b.post("/chat/completions", json=body)
+        ours = await a.post("/chat/completions", json=body)
+    assert theirs.status_code == ours.status_code == 200, (theirs.text, ours.text)
+    # globex sends acme's turn-2 messages word for word: it starts a program of its own.
+    assert theirs.headers["x-chimera-identity"] == "new"
+    assert theirs.headers["x-chimera-program-id"] != program
+    assert (ours.headers["x-chimera-identity"], ours.headers["x-chimera-program-id"]) == (
+        "continuation",
+        program,
+    )
+    assert ours.headers["x-chimera-stage"] == "1"
+    assert await t.redis.hget(t.keys.program(f"acme~{program}"), ProgramField.STAGE) == "1"
+
+
 async def test_a_tenant_uses_only_the_models_it_is_allowed(tenants: Tenants) -> None:
     t = tenants
     small, large = "Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-7B-Instruct"

@@ -7,12 +7,14 @@ The engines are SIMULATED (a measuring instrument): they call the first offered 
 arguments (its schema's required properties: an integer is 1) until a tool's result comes back, then answer
 in text, deterministically (services.worker.engine.simulated_inputs.simulated_call). So these tests show the
 plumbing (tools in, calls out as the frameworks' own types, results back as tool turns, the loop ending),
-not a model's skill: tests/test_tools_vllm.py and bench/results/tools.md run a real model."""
+not a model's skill: tests/test_tools_vllm.py and bench/results/tools.md run a real model. Over the HTTP door
+the frameworks send no Chimera header: each loop must still be one program (conversation continuation)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from dispatcher_fakes import simulated_stack
 
@@ -25,6 +27,33 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with simulated_stack(tmp_path_factory.mktemp("frameworks-tools")) as s:
         yield s
+
+
+class Programs:
+    """What the HTTP door said of each call's program (its X-Chimera-* response headers), read by an httpx
+    hook on the framework's own client: the frameworks send no Chimera header, so the door finds the program
+    by conversation continuation."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []  # (program, stage, identity) per call
+
+    def _record(self, response: httpx.Response) -> None:
+        h = response.headers
+        self.seen.append((h["x-chimera-program-id"], h["x-chimera-stage"], h["x-chimera-identity"]))
+
+    async def _arecord(self, response: httpx.Response) -> None:
+        self._record(response)
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(event_hooks={"response": [self._record]}, timeout=60)
+
+    def async_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(event_hooks={"response": [self._arecord]}, timeout=60)
+
+    def assert_one_loop(self) -> None:
+        """The tool call and the answer after its result: one program, stages 0 and 1."""
+        assert len({p for p, _, _ in self.seen}) == 1, self.seen
+        assert [(s, i) for _, s, i in self.seen] == [("0", "new"), ("1", "continuation")]
 
 
 class Adder:
@@ -50,6 +79,7 @@ def _react_agent(llm: object, adder: Adder) -> object:
 def test_a_langgraph_react_agent_calls_its_tool_and_finishes(stack: Stack, door: str) -> None:
     from langchain_core.messages import AIMessage, ToolMessage
 
+    programs = Programs()
     if door == "grpc":
         from chimera_client.langchain import ChimeraChatModel
 
@@ -58,7 +88,11 @@ def test_a_langgraph_react_agent_calls_its_tool_and_finishes(stack: Stack, door:
         from langchain_openai import ChatOpenAI
 
         llm = ChatOpenAI(
-            base_url=f"http://{stack.http_addr}/v1", api_key="unused", model="auto", max_tokens=16
+            base_url=f"http://{stack.http_addr}/v1",
+            api_key="unused",
+            model="auto",
+            max_tokens=16,
+            http_client=programs.client(),
         )
     adder = Adder()
     out = _react_agent(llm, adder).invoke({"messages": [("user", "What is 1 plus 1? Use add.")]})  # type: ignore[attr-defined]
@@ -70,6 +104,8 @@ def test_a_langgraph_react_agent_calls_its_tool_and_finishes(stack: Stack, door:
     assert [r.content for r in results] == ["2"] and results[0].tool_call_id == calls[0].tool_calls[0]["id"]
     last = messages[-1]
     assert isinstance(last, AIMessage) and not last.tool_calls and last.content
+    if door == "http":
+        programs.assert_one_loop()
 
 
 def test_a_langchain_model_streams_its_call(stack: Stack) -> None:
@@ -95,7 +131,7 @@ async def test_an_agents_sdk_agent_calls_its_function_tool_and_finishes(stack: S
 
     from chimera_client.agents import ChimeraModelProvider
 
-    adder = Adder()
+    adder, programs = Adder(), Programs()
     agent_tool = function_tool(adder.add)
     if door == "grpc":
         async with ChimeraModelProvider("tools/add", addr=stack.dispatcher_addr, timeout_s=60) as chimera:
@@ -103,13 +139,19 @@ async def test_an_agents_sdk_agent_calls_its_function_tool_and_finishes(stack: S
             result = await Runner.run(agent, "What is 1 plus 1?", run_config=chimera.run_config())
         assert [s.stage for s in chimera.run.stages] == [0, 1]  # the call and the answer: one program
     else:
-        client = AsyncOpenAI(base_url=f"http://{stack.http_addr}/v1", api_key="unused", max_retries=0)
+        client = AsyncOpenAI(
+            base_url=f"http://{stack.http_addr}/v1",
+            api_key="unused",
+            max_retries=0,
+            http_client=programs.async_client(),
+        )
         model = OpenAIChatCompletionsModel(model="auto", openai_client=client)
         agent = Agent(name="calc", instructions="Use add.", tools=[agent_tool], model=model)
         from agents import RunConfig
 
         result = await Runner.run(agent, "What is 1 plus 1?", run_config=RunConfig(tracing_disabled=True))
         await client.close()
+        programs.assert_one_loop()
     assert adder.calls == [(1, 1)]
     assert isinstance(result.final_output, str) and result.final_output
 
@@ -119,8 +161,13 @@ async def test_the_agents_sdk_default_model_runs_over_the_responses_api(stack: S
     from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, function_tool
     from openai import AsyncOpenAI
 
-    adder = Adder()
-    client = AsyncOpenAI(base_url=f"http://{stack.http_addr}/v1", api_key="unused", max_retries=0)
+    adder, programs = Adder(), Programs()
+    client = AsyncOpenAI(
+        base_url=f"http://{stack.http_addr}/v1",
+        api_key="unused",
+        max_retries=0,
+        http_client=programs.async_client(),
+    )
     model = OpenAIResponsesModel(model="auto", openai_client=client)
     agent = Agent(name="calc", instructions="Use add.", tools=[function_tool(adder.add)], model=model)
     config = RunConfig(tracing_disabled=True)
@@ -134,6 +181,7 @@ async def test_the_agents_sdk_default_model_runs_over_the_responses_api(stack: S
     assert adder.calls == [(1, 1)]
     final = result.final_output  # type: ignore[attr-defined]
     assert isinstance(final, str) and final
+    programs.assert_one_loop()
 
 
 def test_a_responses_call_has_openais_shape_streamed_and_not(stack: Stack) -> None:

@@ -28,11 +28,13 @@ from dispatcher_fakes import (
 )
 from redis.asyncio import Redis
 
+from services.common.chat import ToolUse
 from services.common.keys import Keys
 from services.common.queue import QueueStore
 from services.common.redis_proc import PrivateRedis
 from services.dispatcher import errors
-from services.dispatcher.http_api import HttpServer, OpenAIFrontDoor, resolve_identity
+from services.dispatcher.http_api import HttpServer, OpenAIFrontDoor
+from services.dispatcher.http_input import resolve_identity, session_program
 from services.dispatcher.openai_schema import HTTP_ERRORS, domain_error
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -137,15 +139,59 @@ async def test_metadata_identity_without_stage_runs_the_next_stage(http: Http) -
     assert stages == [0, 1]
 
 
-async def test_request_without_identity_is_a_one_stage_workflow(http: Http) -> None:
+async def test_request_without_identity_is_a_new_program_that_lapses(http: Http) -> None:
     text, chunks = await _streamed(http, {})
     assert text == "Hello" and chunks[-1].choices[0].finish_reason == "stop"
-    resp = await http.client.chat.completions.create(model="auto", messages=MESSAGES)
+    raw = await http.client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES)
+    assert raw.headers["x-chimera-identity"] == "new"
+    resp = raw.parse()
     assert resp.model_extra is not None
     program = resp.model_extra["chimera"]["program_id"]
     assert program.startswith("http-") and resp.model_extra["chimera"]["stage"] == 0
-    # Both programs were ended once their one stage finished.
-    assert [k async for k in http.redis.scan_iter(match=http.keys.program_pattern())] == []
+    # No client will end these programs: each row waits for a continuation, then lapses on its own.
+    rows = [k async for k in http.redis.scan_iter(match=http.keys.program_pattern())]
+    assert len(rows) == 2
+    for row in rows:
+        assert 0 < await http.redis.ttl(row) <= 600
+
+
+async def test_a_header_less_conversation_continues_its_program_on_its_engine(http: Http) -> None:
+    first = await http.client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES)
+    answer = first.parse().choices[0].message.content
+    program, engine = first.headers["x-chimera-program-id"], first.headers["x-chimera-engine"]
+    turns: list[Any] = [*MESSAGES, {"role": "assistant", "content": f"  {answer}\n"}]
+    for stage in (1, 2):
+        turns.append({"role": "user", "content": f"and again ({stage})"})
+        raw = await http.client.chat.completions.with_raw_response.create(model="auto", messages=turns)
+        assert raw.headers["x-chimera-identity"] == "continuation"
+        assert raw.headers["x-chimera-program-id"] == program
+        assert raw.headers["x-chimera-stage"] == str(stage)
+        assert raw.headers["x-chimera-engine"] == engine
+        turns.append({"role": "assistant", "content": raw.parse().choices[0].message.content})
+    # A fork (turn 1's history sent again, as a retried turn is) is the program's next stage too.
+    raw = await http.client.chat.completions.with_raw_response.create(model="auto", messages=turns[:4])
+    assert (raw.headers["x-chimera-program-id"], raw.headers["x-chimera-stage"]) == (program, "3")
+    # An assistant message Chimera never answered continues nothing: a new program.
+    forged = [
+        *MESSAGES,
+        {"role": "assistant", "content": "not what was said"},
+        {"role": "user", "content": "?"},
+    ]
+    raw = await http.client.chat.completions.with_raw_response.create(model="auto", messages=forged)
+    assert raw.headers["x-chimera-identity"] == "new" and raw.headers["x-chimera-program-id"] != program
+
+
+async def test_a_session_header_names_one_program_across_calls(http: Http) -> None:
+    session = {"x-session-affinity": "ses_7f3a"}
+    stages, programs = [], set()
+    for _ in range(2):
+        raw = await http.client.chat.completions.with_raw_response.create(
+            model="auto", messages=MESSAGES, extra_headers=session
+        )
+        assert raw.headers["x-chimera-identity"] == "session"
+        programs.add(raw.headers["x-chimera-program-id"])
+        stages.append(raw.headers["x-chimera-stage"])
+    assert programs == {session_program("ses_7f3a")} and stages == ["0", "1"]
 
 
 async def test_a_one_stage_workflows_prediction_is_capped_at_its_max_tokens(http: Http) -> None:
@@ -289,13 +335,27 @@ async def test_no_live_engine_is_503_and_malformed_json_is_400(http: Http) -> No
 
 
 @pytest.mark.unit
-def test_identity_headers_win_over_metadata() -> None:
+def test_identity_headers_win_over_metadata_and_sessions() -> None:
+    session = {"x-session-id": "s-1", "x-claude-code-session-id": "s-2"}
     ident = resolve_identity(
-        {"x-chimera-program-id": "p-h"}, {"program_id": "p-m", "stage": "3", "workflow": "w"}
+        {"x-chimera-program-id": "p-h", **session}, {"program_id": "p-m", "stage": "3", "workflow": "w"}
     )
-    assert (ident.program_id, ident.stage, ident.workflow, ident.one_shot) == ("p-h", 3, "w", False)
-    fresh = resolve_identity({}, None)
-    assert fresh.one_shot and fresh.stage == 0 and fresh.workflow == "default"
+    assert (ident.program_id, ident.stage, ident.workflow, ident.source) == ("p-h", 3, "w", "header")
+    by_meta = resolve_identity(session, {"program_id": "p-m"}, prompt_cache_key="k")
+    assert (by_meta.program_id, by_meta.source, by_meta.unnamed) == ("p-m", "metadata", False)
+    # A session id: the first header of SESSION_HEADERS, then prompt_cache_key; its stage is its next.
+    by_session = resolve_identity({"x-chimera-stage": "5", **session}, None, prompt_cache_key="k")
+    assert (by_session.program_id, by_session.source, by_session.stage) == (
+        session_program("s-1"),
+        "session",
+        None,
+    )
+    assert resolve_identity({"session_id": " "}, None, prompt_cache_key="k").program_id == session_program(
+        "k"
+    )
+    fresh = resolve_identity({}, None, prompt_cache_key="  ")
+    assert fresh.new and fresh.unnamed and fresh.stage == 0 and fresh.workflow == "default"
+    assert fresh.last_stage(None) and not fresh.last_stage(ToolUse(tools=(), choice="auto"))
     assert resolve_identity({"x-chimera-program-id": "p"}, None).stage is None
 
 
@@ -331,7 +391,7 @@ async def test_a_caller_that_goes_away_cancels_its_request(http: Http) -> None:
                 and json.loads(first[6:])["choices"][0]["delta"]["role"] == "assistant"
             )
         await _wait_state(http, "gone-2", "cancelled")
-    # Both were one-stage workflows: their programs are gone too.
+    # Both were new programs that never answered: they are gone too.
     assert [k async for k in http.redis.scan_iter(match=http.keys.program_pattern())] == []
 
 

@@ -30,6 +30,7 @@ PINNED = {
     "notify": (K.notify("e0"), "chimera:{e0}:notify"),
     "program": (K.program("p1"), "chimera:prog:p1"),
     "program_pattern": (K.program_pattern(), "chimera:prog:*"),
+    "conversation": (K.conversation("acme", "ab12"), "chimera:conv:acme:ab12"),
     "api_keys": (K.api_keys(), "chimera:apikeys"),
     "tenant_limits": (K.tenant_limits(), "chimera:tenants"),
     "tenant_workflows": (K.tenant_workflows("acme"), "chimera:{tenant:acme}:workflows"),

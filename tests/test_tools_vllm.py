@@ -101,6 +101,41 @@ def test_a_forced_call_comes_back_parsed_and_its_result_goes_back(http: openai.O
     assert "42" in (answer.choices[0].message.content or "")
 
 
+def test_a_loop_without_chimera_headers_is_one_program_on_one_engine(
+    http: openai.OpenAI, stack: Stack
+) -> None:
+    # A plain agent loop: no X-Chimera-* header, no metadata, no session id. The door finds the second call's
+    # program by continuation: its messages begin with the first call's, then the call it answered.
+    user = {"role": "user", "content": QUESTION}
+
+    def ask(messages: list[Any], choice: str) -> Any:
+        return http.chat.completions.with_raw_response.create(
+            model=MODEL, temperature=0, max_tokens=96, tools=[ADD], tool_choice=choice, messages=messages
+        )
+
+    first = ask([user], "required")
+    (call,) = first.parse().choices[0].message.tool_calls
+    history = [
+        user,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "42"},
+    ]
+    second = ask(history, "none")
+    assert "42" in (second.parse().choices[0].message.content or "")
+    said = [(r.headers["x-chimera-program-id"], r.headers["x-chimera-stage"]) for r in (first, second)]
+    assert said[0][0] == said[1][0] and [stage for _, stage in said] == ["0", "1"]
+    assert [r.headers["x-chimera-identity"] for r in (first, second)] == ["new", "continuation"]
+    assert first.headers["x-chimera-engine"] == second.headers["x-chimera-engine"]
+    # The decision record says how the program was found (what ``chimera explain`` shows).
+    r = redis.Redis.from_url(stack.redis_url, decode_responses=True)
+    try:
+        engine, rid = second.headers["x-chimera-engine"], second.headers["x-chimera-request-id"]
+        decision = json.loads(r.hget(Keys(stack.key_prefix).request(engine, rid), "decision") or "{}")
+    finally:
+        r.close()
+    assert decision["identity"] == "continuation" and decision["branch"] == "reuse"
+
+
 def test_a_streamed_call_arrives_in_pieces_that_make_the_whole_call(http: openai.OpenAI) -> None:
     named = {"type": "function", "function": {"name": "add"}}
     stream = _chat(

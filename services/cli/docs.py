@@ -27,6 +27,7 @@ PLACEHOLDERS = {
     "program_id": "<program>",
     "kind": "<kind>",
     "tenant": "<tenant>",
+    "digest": "<digest>",
 }
 
 

@@ -17,6 +17,7 @@ is harmless (the retried stage reuses it; the TTL collects it).
     HGETALL 'chimera:{e0}:req:<request id>'       # one request: payload, state, attempt, decision
     XRANGE 'chimera:{e0}:out:<request id>' - +    # its output events
     HGETALL 'chimera:prog:<program id>'           # program table entry
+    GET 'chimera:conv:<tenant>:<sha256>'          # the program a conversation continues
     HGETALL 'chimera:{jobs}:runs'                 # background jobs: runs, failures, last success
 """
 
@@ -154,6 +155,16 @@ class Keys:
         refreshed on every stage so that abandoned workflows disappear.
         """
         return f"{self.prefix}:prog:{program_id}"
+
+    @key("STRING", "dispatcher (HTTP door, after each answer)", "`conversation_ttl_s`")
+    def conversation(self, tenant: str, digest: str) -> str:
+        """Program id of the conversation whose messages and answer hash to ``digest``, for one tenant.
+
+        A request without program identity whose messages up to their last assistant message hash to it
+        is that program's next stage (``services.dispatcher.conversation``). Written after each answer of a
+        program that no client named; looked up under the caller's tenant only.
+        """
+        return f"{self.prefix}:conv:{tenant}:{digest}"
 
     def program_pattern(self) -> str:
         """SCAN pattern over the program table."""

@@ -76,6 +76,9 @@ class StageRequest:
     # generate()): the engine is asked for the whole answer and only the final event is written, so no
     # per-token work is spent on text nobody reads as it comes.
     stream: bool = True
+    # How its program was found: a client's id, a session id, the conversation it continues, or none
+    # (services.dispatcher.intake.IdentitySource). The decision record keeps it for `chimera explain`.
+    identity: str = "header"
 
     def system_text(self) -> str:
         return "\n".join(m.content for m in self.messages if m.role == "system")

@@ -137,6 +137,12 @@ class DispatcherSettings(CommonSettings):
     program_ttl_s: int = Field(
         default=3600, ge=1, description="an idle program's assignment expires after this"
     )
+    conversation_ttl_s: int = Field(
+        default=600,
+        ge=1,
+        description="a program no client named (a session id, a continued conversation, a request without "
+        "identity) is ended this long after its last answer; its continuation is awaited as long",
+    )
     max_tokens_default: int = Field(
         default=256,
         ge=1,

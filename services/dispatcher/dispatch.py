@@ -50,7 +50,7 @@ from services.dispatcher.errors import (
 from services.dispatcher.gate import Gate
 from services.dispatcher.handoff import Dispatched, ProgramEnd, StreamItem
 from services.dispatcher.hub import StreamHub
-from services.dispatcher.intake import Intake, admit, check_intake
+from services.dispatcher.intake import Intake, admit, check_intake, idle_ttl_s
 from services.dispatcher.metrics import DispatcherMetrics
 from services.dispatcher.pending import Claim, PendingLoad
 from services.dispatcher.quotas import Quotas
@@ -277,7 +277,7 @@ class Dispatcher:
                 req.workflow,
                 req.stage,
                 req.request_id,
-                self.settings.program_ttl_s,
+                idle_ttl_s(req.identity, self.settings),
                 confidences,
                 moved_from,
             ),
@@ -320,6 +320,7 @@ class Dispatcher:
             degraded,
             t,
         )
+        decision["identity"] = req.identity
         decision.update(detour_record(engine, browned_out_from, moved_from, self._gate.bounds))
         decision["dispatch_ms_before_enqueue"] = ms_since(started)
         self.hub.expect(engine, req.request_id)  # its stream then needs no backlog read (hub.py)

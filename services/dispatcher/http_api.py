@@ -34,6 +34,7 @@ from services.dispatcher.door import DoorGate, backstop
 from services.dispatcher.errors import DispatchError, Overloaded
 from services.dispatcher.handoff import Delta, Dispatched, Final
 from services.dispatcher.http_doc import document
+from services.dispatcher.http_identity import RequestPrograms
 from services.dispatcher.http_input import (
     BodyLimit,
     BodyTooLarge,
@@ -44,7 +45,6 @@ from services.dispatcher.http_input import (
     error_response,
     overloaded_response,
     prompt_messages,
-    resolve_identity,
 )
 from services.dispatcher.http_programs import ProgramEndpoints
 from services.dispatcher.http_responses import ResponsesEndpoint
@@ -59,7 +59,7 @@ from services.dispatcher.openai_schema import (
     error_body,
 )
 from services.dispatcher.sse_calls import CallsSent
-from services.dispatcher.tenancy import client_id, scoped
+from services.dispatcher.tenancy import client_id
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ class OpenAIFrontDoor:
     def __init__(self, dispatcher: Dispatcher) -> None:
         self._d = dispatcher
         self.gate = DoorGate(dispatcher.settings.door_limit())
+        self.programs = RequestPrograms(dispatcher)
 
     def app(self) -> FastAPI:
         app = FastAPI(title="Chimera (OpenAI-compatible)", docs_url=None, redoc_url=None)
@@ -124,7 +125,10 @@ class OpenAIFrontDoor:
     ) -> Response:
         tenant = await self._tenant(request)
         check_metadata(body.metadata, self._d.settings.max_metadata_chars)
-        ident = resolve_identity(request.headers, body.metadata)
+        ident = await self.programs.identify(
+            tenant, request.headers, body.metadata, body.prompt_cache_key, messages
+        )
+        tool_use = body.tool_use() if isinstance(body, ChatCompletionRequest) else None
         intake = Intake(
             program_id=ident.program_id,
             stage=ident.stage,
@@ -134,17 +138,18 @@ class OpenAIFrontDoor:
             model=body.model,
             request_id=ident.request_id,
             timeout_ms=ident.timeout_ms,
-            last_stage=ident.one_shot,
-            tool_use=body.tool_use() if isinstance(body, ChatCompletionRequest) else None,
+            last_stage=ident.last_stage(tool_use),
+            tool_use=tool_use,
             response_format=body.format() if isinstance(body, ChatCompletionRequest) else None,
             stream=body.stream,
+            identity=ident.source,
         )
         dispatched, headers = await self.submit(intake, ident, tenant)
         stage = dispatched.request.stage
         if body.stream:
-            events = self._sse(kind, dispatched, ident, body.include_usage())
+            events = self._sse(kind, dispatched, ident, tenant, body.include_usage())
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-        final = await self.final_of(dispatched, ident, request)
+        final = await self.final_of(dispatched, ident, tenant, request)
         if final is None:
             return Response(status_code=499)  # the caller is gone; nobody reads this
         return JSONResponse(completion_body(kind, final, ident.program_id, stage), headers=headers)
@@ -154,11 +159,11 @@ class OpenAIFrontDoor:
         try:
             dispatched = await self._d.submit(intake, tenant)
         except BaseException:
-            if ident.one_shot:
-                await self.end_quietly(scoped(tenant, ident.program_id))
+            await self.programs.refused(ident, tenant)
             raise
         headers = {
             "X-Chimera-Program-Id": ident.program_id,
+            "X-Chimera-Identity": ident.source,
             "X-Chimera-Stage": str(dispatched.request.stage),
             "X-Chimera-Request-Id": client_id(dispatched.request.request_id),
             "X-Chimera-Engine": dispatched.engine,
@@ -168,13 +173,14 @@ class OpenAIFrontDoor:
             headers["X-Chimera-Brownout-From"] = dispatched.browned_out_from
         return dispatched, headers
 
-    async def final_of(self, d: Dispatched, ident: Identity, request: Request) -> Final | None:
-        """The request's Final, its one-stage program ended after it; None if the caller went away."""
+    async def final_of(self, d: Dispatched, ident: Identity, tenant: str, request: Request) -> Final | None:
+        """The request's Final (its program remembered or forgotten after it); None if the caller left."""
+        final: Final | None = None
         try:
-            return await self._final(d, request)
+            final = await self._final(d, request)
+            return final
         finally:
-            if ident.one_shot:
-                await self.end_quietly(d.request.program_id)
+            await self.programs.finished(ident, tenant, d, final)
 
     async def _final(self, d: Dispatched, request: Request) -> Final | None:
         """The request's Final; None (and the request cancelled) if the HTTP caller disconnects first."""
@@ -201,10 +207,11 @@ class OpenAIFrontDoor:
                     await task
 
     async def _sse(
-        self, kind: Kind, d: Dispatched, ident: Identity, include_usage: bool
+        self, kind: Kind, d: Dispatched, ident: Identity, tenant: str, include_usage: bool
     ) -> AsyncIterator[str]:
         rid, model, created = client_id(d.request.request_id), d.model, int(time.time())
         sent, first_attempt, calls = "", 0, CallsSent()
+        final: Final | None = None
         try:
             if kind == "chat":
                 yield _sse(chunk_body(kind, rid, model, created, text="", role=True))
@@ -231,6 +238,7 @@ class OpenAIFrontDoor:
                         )
                     )
                     return
+                final = item
                 if rest_calls:
                     yield _sse(chunk_body(kind, rid, model, created, tool_calls=rest_calls))
                 rest = item.text[len(sent) :]
@@ -251,16 +259,7 @@ class OpenAIFrontDoor:
         except DispatchError as e:
             yield _sse(domain_error(e.code, str(e))[1])
         finally:
-            if ident.one_shot:
-                await self.end_quietly(d.request.program_id)
-
-    async def end_quietly(self, program_id: str) -> None:
-        # May run while the handler is being cancelled: shield the call so the program is still ended.
-        # Its one stage already finished or was cancelled on the stream's way out: forgetting is enough.
-        try:
-            await asyncio.shield(self._d.forget_program(program_id))
-        except (asyncio.CancelledError, DispatchError) as e:
-            log.warning("could not end one-stage program %s: %r", program_id, e)
+            await self.programs.finished(ident, tenant, d, final)
 
 
 def _sse(body: Mapping[str, Any]) -> str:

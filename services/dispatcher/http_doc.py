@@ -118,7 +118,9 @@ def identity_headers(s: DispatcherSettings) -> list[JSONObj]:
         header(
             "X-Chimera-Program-Id",
             ident,
-            "the workflow every stage belongs to; absent: a one-stage workflow ended once it finishes",
+            "the workflow every stage belongs to; absent: the client's session id (x-session-id and the"
+            " other session headers the README lists, or prompt_cache_key), else the program whose"
+            " conversation the messages continue, else a new program",
         ),
         header(
             "X-Chimera-Stage",

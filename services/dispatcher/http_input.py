@@ -1,31 +1,35 @@
 """What the HTTP door takes in, before the shared intake: the door's gate, the body-size guard, headers
 and ``metadata`` as a workflow identity, OpenAI messages as Chimera's. Pure apart from the ASGI guards.
 
-NOTE(identity): a workflow is named by headers (``X-Chimera-Program-Id``, ``X-Chimera-Stage``,
-``X-Chimera-Workflow``) or by the same names in the request's ``metadata`` (``program_id``, ``stage``,
-``workflow``); headers win. A request without a program id is a one-stage workflow: it gets a fresh program
-id and its program is ended as soon as it finishes, so nothing lingers in the program table. A request with
-a program id but no stage is the program's next stage (its last stage + 1, or 0 for a new program), which
-lets a framework that can only set one header still run a multi-stage workflow.
+NOTE(identity): a request's program is found, in this order: Chimera's headers (``X-Chimera-Program-Id``,
+``X-Chimera-Stage``, ``X-Chimera-Workflow``) or the same names in its ``metadata`` (``program_id``,
+``stage``, ``workflow``), headers first; a session id an agent client already sends (``SESSION_HEADERS``,
+then the body's ``prompt_cache_key``); the conversation it continues (``services.dispatcher.conversation``,
+looked up by the door); else a new program. A request with a program id but no stage is the program's next
+stage (its last stage + 1, or 0 for a new program), which lets a framework that can only set one header
+still run a multi-stage workflow. A program no client named (a session, a continuation or a new one) is
+never ended by the client: its row lives ``conversation_ttl_s`` past its last stage.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import re
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.common.chat import ToolCall
+from services.common.chat import ToolCall, ToolUse
 from services.common.types import ChatMessage
 from services.dispatcher.door import DoorGate
 from services.dispatcher.errors import InvalidRequest, Overloaded, RequestTooLarge
+from services.dispatcher.intake import IdentitySource
 from services.dispatcher.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -37,6 +41,19 @@ from services.dispatcher.validate import MAX_TIMEOUT_MS, check_text
 H_PROGRAM, H_STAGE, H_WORKFLOW = "x-chimera-program-id", "x-chimera-stage", "x-chimera-workflow"
 H_REQUEST, H_TIMEOUT = "x-chimera-request-id", "x-chimera-timeout-ms"
 DEFAULT_WORKFLOW = "default"
+# Session ids that agent clients send on every call of one session, first match wins: a generic one several
+# routers read (vLLM's production-stack router, SGLang's), Claude Code's (through an OpenAI-compatible
+# gateway such as LiteLLM), OpenCode's, Codex's (hyphenated in current builds, underscored in older ones)
+# and LiteLLM's (OpenHands sends it). The OpenAI Agents SDK and LangGraph send none to a server that is
+# not OpenAI's: their loops are found by continuation.
+SESSION_HEADERS = (
+    "x-session-id",
+    "x-claude-code-session-id",
+    "x-session-affinity",
+    "session-id",
+    "session_id",
+    "x-litellm-session-id",
+)
 # Long enough for any uint64; a longer run of digits is refused before int() turns it into a bignum.
 _DIGITS = re.compile(r"[0-9]{1,20}")
 
@@ -133,9 +150,29 @@ class Identity:
     program_id: str
     stage: int | None
     workflow: str
-    one_shot: bool
+    source: str  # how the program was found: an ``IdentitySource``
     request_id: str  # "": the dispatcher makes one
     timeout_ms: int
+
+    @property
+    def unnamed(self) -> bool:
+        """No client named this program, so none will end it: its answers are remembered for their
+        continuation and its row lapses after ``conversation_ttl_s``."""
+        return self.source in IdentitySource.UNNAMED
+
+    @property
+    def new(self) -> bool:
+        """A program made for this request alone so far: a refused or unanswered request forgets it."""
+        return self.source == IdentitySource.NEW
+
+    def last_stage(self, tool_use: ToolUse | None) -> bool:
+        """Whether this stage is taken to end its program: one no client named and offered no tool is a
+        chat turn, all of its program that is known; a loop with tools to call goes on."""
+        return self.source in (IdentitySource.NEW, IdentitySource.CONTINUATION) and tool_use is None
+
+    def continuing(self, program_id: str) -> Identity:
+        """This request as the next stage of ``program_id``, whose conversation it continues."""
+        return replace(self, program_id=program_id, stage=None, source=IdentitySource.CONTINUATION)
 
 
 def _int(name: str, raw: str | None, default: int | None, maximum: int | None = None) -> int | None:
@@ -150,8 +187,16 @@ def _int(name: str, raw: str | None, default: int | None, maximum: int | None = 
     return value
 
 
-def resolve_identity(headers: Mapping[str, str], metadata: Mapping[str, str] | None) -> Identity:
-    """Workflow identity from headers, else metadata, else a fresh one-stage workflow (pure)."""
+def session_program(value: str) -> str:
+    """The program id of a client's session id: a digest, so that any header value is a valid key name."""
+    return "session-" + hashlib.sha256(value.encode()).hexdigest()[:32]
+
+
+def resolve_identity(
+    headers: Mapping[str, str], metadata: Mapping[str, str] | None, prompt_cache_key: str | None = None
+) -> Identity:
+    """Workflow identity from headers, else metadata, else a session id, else a new program (pure); the
+    door may then find the conversation a new one continues (``Identity.continuing``)."""
     meta = metadata or {}
 
     def pick(header: str, key: str) -> str | None:
@@ -159,12 +204,21 @@ def resolve_identity(headers: Mapping[str, str], metadata: Mapping[str, str] | N
         return value if value is not None else meta.get(key)
 
     program = (pick(H_PROGRAM, "program_id") or "").strip()
-    one_shot = not program
+    source = IdentitySource.HEADER if headers.get(H_PROGRAM, "").strip() else IdentitySource.METADATA
+    if not program:
+        session = next((v.strip() for h in SESSION_HEADERS if (v := headers.get(h, "")).strip()), "")
+        session = session or (prompt_cache_key or "").strip()
+        program = session_program(session) if session else ""
+        source = IdentitySource.SESSION
+    if not program:
+        program, source = f"http-{uuid.uuid4().hex}", IdentitySource.NEW
+    # A named program's stage is the client's to give; a session's is its next; a new program's is its first.
+    stage = _int("stage", pick(H_STAGE, "stage"), None) if source not in IdentitySource.UNNAMED else None
     return Identity(
-        program_id=program or f"http-{uuid.uuid4().hex}",
-        stage=0 if one_shot else _int("stage", pick(H_STAGE, "stage"), None),
+        program_id=program,
+        stage=0 if source == IdentitySource.NEW else stage,
         workflow=(pick(H_WORKFLOW, "workflow") or "").strip() or DEFAULT_WORKFLOW,
-        one_shot=one_shot,
+        source=source,
         request_id=(pick(H_REQUEST, "request_id") or "").strip(),
         timeout_ms=_int("timeout_ms", pick(H_TIMEOUT, "timeout_ms"), 0, MAX_TIMEOUT_MS) or 0,
     )

@@ -24,7 +24,7 @@ from services.common.chat import ResponseFormat, ToolCall, ToolUse, openai_tool_
 from services.common.types import ChatMessage, SamplingParams
 from services.dispatcher.errors import DispatchError, InvalidRequest
 from services.dispatcher.handoff import Delta, Dispatched, Final
-from services.dispatcher.http_input import Identity, check_metadata, resolve_identity
+from services.dispatcher.http_input import Identity, check_metadata
 from services.dispatcher.intake import Intake
 from services.dispatcher.openai_fields import Refused, check_refused
 from services.dispatcher.openai_schema import FunctionIn, JsonSchemaIn, domain_error, usage
@@ -76,6 +76,7 @@ class ResponsesRequest(_Lenient):
     text: TextConfigIn | None = None
     stream: bool = False
     metadata: dict[str, str] | None = None
+    prompt_cache_key: str | None = Field(default=None, max_length=1024)  # a session id (as chat's)
     previous_response_id: Any = None
     conversation: Any = None
     reasoning: Any = None
@@ -217,34 +218,38 @@ class ResponsesEndpoint:
         d = self._door.dispatcher
         tenant = (await d.auth.principal(request.headers.get("authorization"))).tenant
         check_metadata(body.metadata, d.settings.max_metadata_chars)
-        ident = resolve_identity(request.headers, body.metadata)
+        messages, tool_use = body.messages(), body.tool_use()
+        ident = await self._door.programs.identify(
+            tenant, request.headers, body.metadata, body.prompt_cache_key, messages
+        )
         intake = Intake(
             program_id=ident.program_id,
             stage=ident.stage,
             workflow=ident.workflow,
-            messages=body.messages(),
+            messages=messages,
             sampling=body.sampling(),
             model=body.model,
             request_id=ident.request_id,
             timeout_ms=ident.timeout_ms,
-            last_stage=ident.one_shot,
-            tool_use=body.tool_use(),
+            last_stage=ident.last_stage(tool_use),
+            tool_use=tool_use,
             response_format=body.format(),
             stream=body.stream,
+            identity=ident.source,
         )
         dispatched, headers = await self._door.submit(intake, ident, tenant)
         rid = f"resp_{client_id(dispatched.request.request_id)}"
         msg_id = f"msg_{uuid.uuid4().hex}"
         if body.stream:
-            events = self._events(body, dispatched, ident, rid, msg_id)
+            events = self._events(body, dispatched, ident, tenant, rid, msg_id)
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-        final = await self._door.final_of(dispatched, ident, request)
+        final = await self._door.final_of(dispatched, ident, tenant, request)
         if final is None:
             return Response(status_code=499)
         return JSONResponse(response_body(body, rid, int(time.time()), final, msg_id), headers=headers)
 
     async def _events(
-        self, body: ResponsesRequest, d: Dispatched, ident: Identity, rid: str, msg_id: str
+        self, body: ResponsesRequest, d: Dispatched, ident: Identity, tenant: str, rid: str, msg_id: str
     ) -> AsyncIterator[str]:
         """Responses stream events: the text as ``output_text.delta``s of one message item, then each call
         as a ``function_call`` item, then ``response.completed`` with the whole response. A re-run's text
@@ -255,6 +260,7 @@ class ResponsesEndpoint:
         yield ev.event("response.created", response=pending)
         yield ev.event("response.in_progress", response=pending)
         first_attempt = 0
+        final: Final | None = None
         try:
             async for item in self._door.dispatcher.stream(d):
                 if isinstance(item, Delta):
@@ -263,14 +269,14 @@ class ResponsesEndpoint:
                         for e in ev.text(item.text):
                             yield e
                     continue
+                final = item
                 for e in ev.finish(response_body(body, rid, created, item, msg_id), item.text):
                     yield e
         except DispatchError as e:
             _, err = domain_error(e.code, str(e))
             yield ev.event("error", code=err["error"]["code"], message=err["error"]["message"], param=None)
         finally:
-            if ident.one_shot:
-                await self._door.end_quietly(d.request.program_id)
+            await self._door.programs.finished(ident, tenant, d, final)
 
 
 class _Events:

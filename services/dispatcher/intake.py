@@ -11,6 +11,7 @@ import hashlib
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Final
 
 from services.common.chat import ResponseFormat, ToolUse
 from services.common.keys import ProgramField
@@ -27,6 +28,24 @@ from services.dispatcher.validate import (
 
 # The model name that lets the policy choose (as does an empty one).
 AUTO_MODEL = "auto"
+
+
+class IdentitySource:
+    """How a request's program was found (``http_input``'s NOTE(identity)); the decision record keeps it."""
+
+    HEADER: Final = "header"  # X-Chimera-Program-Id (gRPC: its program_id)
+    METADATA: Final = "metadata"  # the body's metadata.program_id
+    SESSION: Final = "session"  # a session id an agent client sends
+    CONTINUATION: Final = "continuation"  # the conversation of an earlier stage, continued
+    NEW: Final = "new"  # none of these: a new program
+    # Programs no client named, so none ends: they lapse after conversation_ttl_s.
+    UNNAMED: Final = frozenset({SESSION, CONTINUATION, NEW})
+
+
+def idle_ttl_s(source: str, settings: DispatcherSettings) -> int:
+    """How long a program's row outlives its last stage: a program its client names lives until the client
+    ends it (``program_ttl_s`` at most); one no client named, only as long as its continuation is awaited."""
+    return settings.conversation_ttl_s if source in IdentitySource.UNNAMED else settings.program_ttl_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +65,7 @@ class Intake:
     tool_use: ToolUse | None = None
     response_format: ResponseFormat | None = None
     stream: bool = True  # its caller reads deltas (StageRequest.stream)
+    identity: str = IdentitySource.HEADER  # how its program was found (IdentitySource)
 
 
 def next_stage(program: Mapping[str, str]) -> int:
@@ -86,6 +106,7 @@ def stage_request(intake: Intake, stage: int, settings: DispatcherSettings, now:
         tool_use=intake.tool_use,
         response_format=intake.response_format,
         stream=intake.stream,
+        identity=intake.identity,
     )
 
 

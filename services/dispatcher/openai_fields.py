@@ -108,6 +108,7 @@ HONOURED: Mapping[str, tuple[str, str]] = {
     "stream": ("both", "server-sent events, one delta per relay chunk; tool-call pieces stream as deltas"),
     "stream_options": ("both", "`include_usage` adds the usage chunk"),
     "metadata": ("both", "`program_id`, `stage`, `workflow`: the workflow identity (headers win)"),
+    "prompt_cache_key": ("both", "a session id: one program across calls, after headers and metadata"),
     "tools": (
         "chat",
         "function tools: rendered by the model's chat template, calls read back by the engine's vLLM tool"

@@ -137,6 +137,9 @@ class _GenerationRequest(_Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     metadata: dict[str, str] | None = None
+    # OpenAI's cache-grouping key; agent clients set it to their session id, which Chimera takes as the
+    # program's identity when no Chimera header or metadata names one (http_input's NOTE(identity)).
+    prompt_cache_key: str | None = Field(default=None, max_length=1024)
     # vLLM's sampling fields, as vllm serve takes them.
     top_k: int | None = None
     min_p: float | None = None

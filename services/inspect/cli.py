@@ -147,7 +147,7 @@ def render_explanation(console: Console, e: Explanation) -> None:
     console.rule(f"[bold]{e.request_id}[/]: {e.state} on {e.engine} ({e.model})")
     console.print(
         f"tenant {tenant_of(e.program_id) or '(open)'}, program {e.program_id}, workflow {e.workflow}, "
-        f"stage {e.stage}; policy {e.policy}, "
+        f"stage {e.stage}{f' (identity: {e.identity})' if e.identity else ''}; policy {e.policy}, "
         f"decision branch [bold]{e.branch}[/]; tau {e.tau:g}, delta_s {e.delta_s:g}"
     )
     if e.candidates:

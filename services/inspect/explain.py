@@ -60,6 +60,7 @@ class Explanation:
     program_id: str
     workflow: str
     stage: int
+    identity: str  # how the door found its program (IdentitySource); "" in records that predate it
     state: str
     attempt: int
     policy: str
@@ -135,9 +136,21 @@ def _test(x: Any) -> bool | None:
     return None if x is None else bool(x)
 
 
+# How a program was found, for the sentence (``services.dispatcher.intake.IdentitySource``'s values).
+_FOUND_BY = {
+    "header": "the client's X-Chimera-Program-Id (or the gRPC program_id)",
+    "metadata": "the client's metadata.program_id",
+    "session": "the session id its agent client sends (a session header or prompt_cache_key)",
+    "continuation": "conversation continuation: its messages begin with an earlier stage's and its answer",
+    "new": "none of the client's ids: a new program",
+}
+
+
 def reasons(e: Explanation) -> tuple[str, ...]:
     """The explanation in sentences, for people (pure)."""
     out: list[str] = []
+    if e.identity in _FOUND_BY:
+        out.append(f"program {e.program_id} was found by {_FOUND_BY[e.identity]}")
     if e.branch in ("reuse", "reuse-race"):
         out.append(
             f"stage {e.stage} of program {e.program_id} stays on {e.engine} ({e.model}), the engine its "
@@ -237,6 +250,7 @@ async def explain(
         program_id=h.get(f.PROGRAM_ID, str(payload.get("program_id", ""))),
         workflow=str(payload.get("workflow", "")),
         stage=int(payload.get("stage", 0)),
+        identity=str(d.get("identity", "")),
         state=state,
         attempt=int(_num(h.get(f.ATTEMPT))),
         policy=str(d.get("policy", "")),
