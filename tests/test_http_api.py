@@ -570,3 +570,32 @@ async def test_a_program_is_ended_over_http_and_its_outcome_kept(http: Http) -> 
     assert {"program_id": "wf-end", "outcome": 0.75}.items() <= next(
         r for r in rows if r["program_id"] == "wf-end"
     ).items()
+
+
+ADD_TOOL: Any = {
+    "type": "function",
+    "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}},
+}
+
+
+async def test_a_request_that_may_call_a_tool_goes_only_to_engines_that_read_calls(http: Http) -> None:
+    # e1 (m-big, where the fake router sends work) registers as an engine without a tool parser.
+    await http.redis.hset(http.keys.engine_info("e1"), "tools", "0")
+    raw = await http.client.chat.completions.with_raw_response.create(
+        model="auto", messages=MESSAGES, tools=[ADD_TOOL]
+    )
+    assert raw.headers["x-chimera-engine"] == "e0"
+    refused = await _error(
+        http.client.chat.completions.create(model="m-big", messages=MESSAGES, tools=[ADD_TOOL])
+    )
+    assert refused.status_code == 400 and "'m-big' cannot call tools" in str(refused.message)
+    # With no call possible, any engine serves it.
+    raw = await http.client.chat.completions.with_raw_response.create(
+        model="m-big", messages=MESSAGES, tools=[ADD_TOOL], tool_choice="none"
+    )
+    assert raw.headers["x-chimera-engine"] == "e1"
+    await http.redis.hset(http.keys.engine_info("e0"), "tools", "0")
+    none_can = await _error(
+        http.client.chat.completions.create(model="auto", messages=MESSAGES, tools=[ADD_TOOL])
+    )
+    assert none_can.status_code == 400 and "no engine of the pool can call tools" in str(none_can.message)

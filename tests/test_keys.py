@@ -46,10 +46,10 @@ PINNED = {
 }
 FIELDS = {
     EngineField: {
-        "model", "kind", "decode_ms_per_token", "max_batch_size", "max_num_seqs", "profile", "profile_source",
-        "time_scale", "worker_id", "heartbeat_ms", "running", "held", "load", "drained", "health",
-        "health_reason", "max_attempts", "isolating", "lease_ms", "reaped_ms", "reap_held", "tenant_load:",
-        "tenant_weight:", "tenant_weights",
+        "model", "kind", "decode_ms_per_token", "max_batch_size", "max_num_seqs", "tools", "profile",
+        "profile_source", "time_scale", "worker_id", "heartbeat_ms", "running", "held", "load", "drained",
+        "health", "health_reason", "max_attempts", "isolating", "lease_ms", "reaped_ms", "reap_held",
+        "tenant_load:", "tenant_weight:", "tenant_weights",
     },
     RequestField: {
         "payload", "program_id", "y", "y90", "score", "t_enq", "state", "attempt", "decision", "worker",

@@ -24,11 +24,14 @@ import redis
 from vllm_fixtures import set_vllm_test_env
 
 from chimera_client import AsyncClient, Completion, Message, Sampling, TextDelta, Tool, Tools
+from services.agent.coding import AgentRun, end_loop, run_agent
 from services.common.keys import Keys
 from services.launcher.config import LauncherSettings
 from services.launcher.pool import EngineSpec, PoolSpec
 from services.launcher.stack import Stack, running_stack
+from services.verify.checks import HumanEvalCheck
 from services.worker.models import resolve_model
+from services.workload.corpus import Problem
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -230,3 +233,33 @@ def test_the_grpc_door_streams_and_returns_the_call_and_records_it(stack: Stack)
     mine = sorted((row for row in rows if row["program_id"] == program), key=lambda row: row["stage"])
     assert [row["extra"]["tool_calls"] for row in mine] == [1, 0]
     assert mine[0]["extra"]["tool_names"] == ["add"] and mine[1]["extra"]["tool_results_in"] == 1
+
+
+def test_the_coding_agent_loops_on_the_real_model_as_one_program(stack: Stack) -> None:
+    # The agent of ``services.agent``: the official client, a forced run_tests call per turn, the tests'
+    # report as the tool's result, no Chimera header. Whether the 0.5B solves it is its skill, not ours:
+    # the loop stops when the tests pass or after three turns.
+    check = HumanEvalCheck(
+        prompt='def running_max(xs: list[int]) -> list[int]:\n    """Return the running maximum of xs:'
+        ' element i is max(xs[: i + 1]).\n    >>> running_max([1, 3, 2, 5])\n    [1, 3, 3, 5]\n    """\n',
+        test="def check(candidate):\n    assert candidate([1, 3, 2, 5]) == [1, 3, 3, 5]\n"
+        "    assert candidate([]) == []\n    assert candidate([-2, -5]) == [-2, -2]\n",
+        entry_point="running_max",
+    )
+    problem = Problem("humaneval/running_max", check.prompt, "code", 0.2, "humaneval")
+
+    async def loop() -> AgentRun:
+        async with openai.AsyncOpenAI(
+            base_url=f"http://{stack.http_addr}/v1", api_key="unused", max_retries=0, timeout=300
+        ) as client:
+            run = await run_agent(client, problem, check, model=MODEL, max_turns=3, max_tokens=256)
+            assert await end_loop(client, run)
+            return run
+
+    run = asyncio.run(loop())
+    assert run.error is None and run.turns
+    assert run.passed or len(run.turns) == 3
+    assert all(t.tool_status != "no code" for t in run.turns), "a call without code in its arguments"
+    assert [t.stage for t in run.turns] == list(range(len(run.turns)))
+    assert [t.identity for t in run.turns] == ["new"] + ["continuation"] * (len(run.turns) - 1)
+    assert len({t.program_id for t in run.turns}) == 1

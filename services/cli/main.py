@@ -93,9 +93,18 @@ def demo(
         typer.Option(help="the dispatcher's latency slack (CHIMERA_DISPATCHER_TAU); unset: its setting"),
     ] = None,
     seed: int = 0,
+    agent: Annotated[
+        bool,
+        typer.Option(
+            help="run the coding agent instead (services/agent): the official OpenAI client over the HTTP"
+            " door, no Chimera header, a run_tests tool that runs the problem's tests, up to --max-turns"
+        ),
+    ] = False,
+    max_turns: Annotated[int, typer.Option(help="the coding agent's turn limit (with --agent)")] = 4,
 ) -> None:
     """Bring the stack up on free ports, run HumanEval workflows through the gRPC front door as Chimera
-    routes them and as each model alone serves them, verify every answer, print the comparison, and stop."""
+    routes them and as each model alone serves them, verify every answer, print the comparison, and stop.
+    With --agent, the same tasks as tool-using agent loops over the OpenAI door."""
     from services.demo.arms import arms_for, demo_tasks, run_arms, seen_problems
     from services.demo.report import print_arms, print_report
     from services.dispatcher.config import DispatcherSettings
@@ -133,6 +142,14 @@ def demo(
         console.print(f"stack up: engines {[f'{e.id} ({e.model})' for e in stack.pool.engines]}")
         models = list(dict.fromkeys(e.model for e in stack.pool.engines))
         arms = arms_for(models if compare else [])
+        if agent:
+            from services.agent.demo import print_agent_arms, run_agent_arms, tool_models
+
+            # Alone, only a model that can call tools can run the loop; Chimera routes it to those only.
+            arms = arms_for(tool_models(stack.pool) if compare else [])
+            loops = asyncio.run(run_agent_arms(console, stack, arms, tasks, key, max_turns, max_tokens))
+            print_agent_arms(console, loops)
+            raise typer.Exit(1 if any(r.error for runs in loops.values() for r in runs) else 0)
         results = asyncio.run(run_arms(console, stack, arms, wf, tasks, max_tokens, key))
     everything = [r for runs in results.values() for r in runs]
     print_report(console, everything)

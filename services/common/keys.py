@@ -274,6 +274,9 @@ class EngineField:
     DECODE_MS_PER_TOKEN: Final = "decode_ms_per_token"
     MAX_BATCH_SIZE: Final = "max_batch_size"
     MAX_NUM_SEQS: Final = "max_num_seqs"
+    # "1" when the engine reads tool calls out of its answers (a vLLM engine with a tool parser): only those
+    # are candidates for a request that lets the model call a tool. Missing (an older worker): "1".
+    TOOLS: Final = "tools"
     PROFILE: Final = "profile"  # the whole measured profile as JSON (step curve, prefill cost)
     PROFILE_SOURCE: Final = "profile_source"
     TIME_SCALE: Final = "time_scale"

@@ -59,6 +59,7 @@ def parse_engine(
         running=running,
         alive=alive,
         drained_tokens=drained,
+        calls_tools=info.get(f.TOOLS, "1") != "0",
     )
 
 
@@ -95,6 +96,7 @@ _INFO = (
     EngineField.LOAD,
     EngineField.PROFILE,
     EngineField.DRAINED,
+    EngineField.TOOLS,
 )
 
 

@@ -165,6 +165,7 @@ class EngineSnapshot:
     # Predicted tokens its finished, failed and cancelled requests have released so far (a counter): its
     # rate is how fast the engine's queue drains.
     drained_tokens: int = 0
+    calls_tools: bool = True  # it reads tool calls out of its answers (EngineField.TOOLS)
 
 
 @dataclass(frozen=True, slots=True)

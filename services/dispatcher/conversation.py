@@ -52,21 +52,28 @@ def canonical(message: ChatMessage) -> list[str]:
     return [message.role, message.content.strip()]
 
 
-def digest(messages: Sequence[ChatMessage]) -> str:
-    body = json.dumps([canonical(m) for m in messages], separators=(",", ":"), ensure_ascii=False)
+def digest(model: str | None, messages: Sequence[ChatMessage]) -> str:
+    """The conversation's name: its canonical messages and the model it asked for (None: Chimera's choice).
+    Two loops that ask different models are different conversations even where their texts agree (two
+    benchmark arms on one problem); two that ask the same and say the same are one, and share a program."""
+    body = json.dumps(
+        [model or "", *(canonical(m) for m in messages)], separators=(",", ":"), ensure_ascii=False
+    )
     return hashlib.sha256(body.encode()).hexdigest()
 
 
-def answered(messages: Sequence[ChatMessage], text: str, tool_calls: Sequence[ToolCall]) -> str:
+def answered(
+    model: str | None, messages: Sequence[ChatMessage], text: str, tool_calls: Sequence[ToolCall]
+) -> str:
     """The digest a stage leaves for its continuation: its messages followed by its answer."""
-    return digest([*messages, ChatMessage(ASSISTANT, text, tuple(tool_calls))])
+    return digest(model, [*messages, ChatMessage(ASSISTANT, text, tuple(tool_calls))])
 
 
-def probe(messages: Sequence[ChatMessage]) -> str | None:
+def probe(model: str | None, messages: Sequence[ChatMessage]) -> str | None:
     """The digest an earlier stage would have left if this request continues it: its messages up to and
     including the last assistant message. None when there is none (a first turn continues nothing)."""
     last = max((i for i, m in enumerate(messages) if m.role == ASSISTANT), default=-1)
-    return digest(messages[: last + 1]) if last >= 0 else None
+    return digest(model, messages[: last + 1]) if last >= 0 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +97,9 @@ class Conversations:
         self._r, self._k, self.ttl_s = redis, keys, ttl_s
         self._writes: Coalescer[_Answered, None] = Coalescer(self._send, max_inflight=1, max_items=max_items)
 
-    async def find(self, tenant: str, messages: Sequence[ChatMessage]) -> str | None:
+    async def find(self, tenant: str, model: str | None, messages: Sequence[ChatMessage]) -> str | None:
         """The (unscoped) id of the program this request continues, or None."""
-        key = probe(messages)
+        key = probe(model, messages)
         if key is None:
             return None
         found = await guarded(self._r.get(self._k.conversation(tenant, key)))
@@ -103,6 +110,7 @@ class Conversations:
     async def remember(
         self,
         tenant: str,
+        model: str | None,
         messages: Sequence[ChatMessage],
         answer: tuple[str, Sequence[ToolCall]],
         program_id: str,
@@ -111,7 +119,9 @@ class Conversations:
         """Name ``program_id`` by its answered conversation; a loop that asked for no tool is released."""
         text, calls = answer
         await self._writes.call(
-            _Answered(tenant, answered(messages, text, calls), program_id, scoped_program_id, bool(calls))
+            _Answered(
+                tenant, answered(model, messages, text, calls), program_id, scoped_program_id, bool(calls)
+            )
         )
 
     async def _send(self, items: list[_Answered]) -> list[None]:

@@ -33,6 +33,7 @@ from services.common.types import EngineSnapshot, StageRequest
 from services.dispatcher import programs
 from services.dispatcher.affinity import later_stage_route
 from services.dispatcher.auth import Authenticator, keys_required
+from services.dispatcher.capability import able_engines
 from services.dispatcher.clients import ConfidenceSource, LengthSource
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.decision import Timings, decision_record, detour_record, ms_since
@@ -236,6 +237,7 @@ class Dispatcher:
             _, engines = await self._state(t, req.program_id, fresh=True)
             if req.model_pin not in {e.model for e in engines}:
                 raise ModelNotFound(f"no registered engine serves model {req.model_pin!r}")
+        engines = able_engines(req, engines)  # a later stage on an engine that cannot moves (capability.py)
         confidences: Mapping[str, float] = {}
         browned_out_from = moved_from = ""
         max_load = 0  # in-flight tokens the engine may hold for this request to join (0: no bound)

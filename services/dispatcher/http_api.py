@@ -126,7 +126,7 @@ class OpenAIFrontDoor:
         tenant = await self._tenant(request)
         check_metadata(body.metadata, self._d.settings.max_metadata_chars)
         ident = await self.programs.identify(
-            tenant, request.headers, body.metadata, body.prompt_cache_key, messages
+            tenant, request.headers, body.metadata, body.prompt_cache_key, body.model, messages
         )
         tool_use = body.tool_use() if isinstance(body, ChatCompletionRequest) else None
         intake = Intake(

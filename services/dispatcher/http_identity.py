@@ -18,6 +18,7 @@ from services.dispatcher.dispatch import Dispatcher
 from services.dispatcher.errors import DispatchError
 from services.dispatcher.handoff import Dispatched, Final
 from services.dispatcher.http_input import Identity, resolve_identity
+from services.dispatcher.intake import pinned
 from services.dispatcher.tenancy import scoped
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class RequestPrograms:
         headers: Mapping[str, str],
         metadata: Mapping[str, str] | None,
         prompt_cache_key: str | None,
+        model: str,
         messages: Sequence[ChatMessage],
     ) -> Identity:
         """The request's program: named by the client, else its session, else the conversation it
@@ -43,7 +45,7 @@ class RequestPrograms:
         ident = resolve_identity(headers, metadata, prompt_cache_key)
         if not ident.new:
             return ident
-        continued = await self.conversations.find(tenant, messages)
+        continued = await self.conversations.find(tenant, pinned(model.strip()), messages)
         return ident if continued is None else ident.continuing(continued)
 
     async def refused(self, ident: Identity, tenant: str) -> None:
@@ -65,6 +67,7 @@ class RequestPrograms:
             await asyncio.shield(
                 self.conversations.remember(
                     tenant,
+                    d.request.model_pin,
                     d.request.messages,
                     (final.text, final.tool_calls),
                     ident.program_id,

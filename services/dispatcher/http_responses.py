@@ -220,7 +220,7 @@ class ResponsesEndpoint:
         check_metadata(body.metadata, d.settings.max_metadata_chars)
         messages, tool_use = body.messages(), body.tool_use()
         ident = await self._door.programs.identify(
-            tenant, request.headers, body.metadata, body.prompt_cache_key, messages
+            tenant, request.headers, body.metadata, body.prompt_cache_key, body.model, messages
         )
         intake = Intake(
             program_id=ident.program_id,

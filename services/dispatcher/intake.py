@@ -68,6 +68,11 @@ class Intake:
     identity: str = IdentitySource.HEADER  # how its program was found (IdentitySource)
 
 
+def pinned(model: str) -> str | None:
+    """The model a request pins, from what it names: None for "auto" (or nothing), Chimera's choice."""
+    return None if model in ("", AUTO_MODEL) else model
+
+
 def next_stage(program: Mapping[str, str]) -> int:
     """The stage after the program's last one; 0 for a program the table does not hold."""
     last = program.get(ProgramField.STAGE)
@@ -99,7 +104,7 @@ def stage_request(intake: Intake, stage: int, settings: DispatcherSettings, now:
             to_context=s.to_context and not s.max_tokens,
             seed=s.seed if s.seed is not None else request_seed(request_id),
         ),
-        model_pin=None if model in ("", AUTO_MODEL) else model,
+        model_pin=pinned(model),
         deadline_unix=now + intake.timeout_ms / 1000.0 if intake.timeout_ms else None,
         received_unix=now,
         last_stage=intake.last_stage,

@@ -186,6 +186,7 @@ async def announce(
         f.MODEL: engine.model,
         f.KIND: kind,
         f.MAX_NUM_SEQS: engine.max_num_seqs,
+        f.TOOLS: int(bool(getattr(engine, "calls_tools", False))),
         f.WORKER_ID: worker_id,
         # "quick": measured at start on two batch sizes; the worker replaces it with the whole curve.
         f.PROFILE_SOURCE: _source(measured, profile),

@@ -48,6 +48,7 @@ class EngineDeadError(RuntimeError):
 class Engine(Protocol):
     model: str  # the model name the dispatcher routes by
     max_num_seqs: int  # sequences the engine runs at once
+    calls_tools: bool  # it reads tool calls out of its answers, so it may serve a request that allows them
 
     async def start(self) -> None: ...
 

@@ -171,6 +171,8 @@ class RemoteEngine:
         self.cfg = cfg
         self.model = cfg.model
         self.max_num_seqs = cfg.max_num_seqs
+        # Its vLLM server parses the calls (its --tool-call-parser); one started without answers a 400.
+        self.calls_tools = True
         self._base = cfg.base_url.rstrip("/")
         self._client: aiohttp.ClientSession | None = None
         self._streams: dict[str, _Stream] = {}

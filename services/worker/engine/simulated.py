@@ -86,6 +86,7 @@ class SimulatedEngine:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.model = model
         self.max_num_seqs = max_num_seqs or profile.max_batch_size
+        self.calls_tools = True  # placeholder calls (simulated_inputs.simulated_call)
         self.time_scale = time_scale
         self.max_model_len = max_model_len
         self.stream_tokens = max(1, stream_tokens)  # as vLLM's stream_interval: the first token at once

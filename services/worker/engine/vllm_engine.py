@@ -130,6 +130,7 @@ class VllmEngine:
         self.cfg = cfg
         self.model = cfg.served_name()
         self.max_num_seqs = cfg.max_num_seqs
+        self.calls_tools = bool(cfg.tool_parser)  # without a parser its calls cannot be read back
         self._llm: Any = None
         self._tokenizer: Any = None
         self._parser_cls: Any = None

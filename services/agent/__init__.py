@@ -1,0 +1,1 @@
+"""A tool-using coding agent: the workload, demo and benchmark of agent loops through Chimera."""
