@@ -40,7 +40,7 @@ lint: proto  ## ruff + mypy
 
 test: proto  ## the whole suite: lint, unit, redis, e2e (starts every service it needs)
 	$(MAKE) lint
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=20
 
 test-fast: proto  ## unit tests only
 	$(PY) -m pytest -q -m unit
