@@ -116,6 +116,11 @@ collect-real: proto  ## real workflows on the real qwen-coder-3 models through t
 	nice -n 19 $(VENV)/bin/chimera collect --pool qwen-coder-3 $(foreach m,$(MODELS),--model $(m)) \
 	  $(foreach s,$(SOURCES),--source $(s)) --tasks $(TASKS)
 
+.PHONY: collect-agent
+collect-agent: proto  ## the coding agent's loops (run_tests tool, no Chimera header) on the real qwen-coder-3 coders through the OpenAI door, verified, one line per loop in bench/data/agent/ (resumable; minutes per loop)
+	nice -n 19 $(VENV)/bin/chimera collect --agent --pool qwen-coder-3 $(foreach m,$(MODELS),--model $(m)) \
+	  --source humaneval --source leetcode --tasks $(TASKS) --concurrency 2
+
 .PHONY: bench-live
 bench-live: proto  ## one Poisson trace of held-out HumanEval planner->coder workflows per policy on the real Qwen2.5-Coder 0.5B/1.5B engines, verified, vs the simulator (bench/results/real_live.*; per policy, resumable; POLICIES= a subset; ~65 min on 2 cores)
 	nice -n 19 $(PY) -m bench.live $(if $(POLICIES),--policies $(POLICIES))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
@@ -15,6 +16,7 @@ import redis
 from dispatcher_fakes import simulated_stack
 
 from services.agent.coding import AgentRun, end_loop, run_agent
+from services.agent.collect import LOOPS, collected, summarise
 from services.agent.run_tests import PASSED, run_tests
 from services.common.keys import Keys
 from services.launcher.stack import Stack
@@ -75,3 +77,20 @@ def test_the_loop_is_one_program_on_one_engine_and_its_outcome_is_kept(stack: St
     finally:
         r.close()
     assert (run.program_id, 0.0) in {(row["program_id"], row["outcome"]) for row in rows}
+
+
+@pytest.mark.unit
+def test_a_collection_knows_what_it_holds_and_sums_it_up(tmp_path: Path) -> None:
+    # Made-up loop records (not measurements): the resume key and the summary's arithmetic.
+    rows = [
+        {"engine": "coder-0_5b", "problem_id": "humaneval/1", "passed": True, "n_turns": 1, "e2e_s": 10.0},
+        {"engine": "coder-0_5b", "problem_id": "humaneval/2", "passed": True, "n_turns": 3, "e2e_s": 30.0},
+        {"engine": "coder-0_5b", "problem_id": "leetcode/7", "passed": False, "n_turns": 4, "e2e_s": 50.0},
+        {"engine": "coder-1_5b", "problem_id": "humaneval/1", "passed": True, "n_turns": 1, "e2e_s": 20.0},
+    ]
+    (tmp_path / LOOPS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert collected(tmp_path) == {(r["engine"], r["problem_id"]) for r in rows}
+    small = summarise(tmp_path)["coder-0_5b"]
+    assert (small["loops"], small["passed_first_turn"], small["passed_after_a_failure"]) == (3, 1, 1)
+    assert small["pass_rate"] == round(2 / 3, 4) and small["mean_turns"] == round(8 / 3, 3)
+    assert json.loads((tmp_path / "summary.json").read_text())["coder-1_5b"]["pass_rate"] == 1.0

@@ -209,7 +209,11 @@ async def test_abort_of_a_request_nobody_streams_ends_it_on_the_server(
     before = await _server_generated(server)
     stream = engine.generate(_whole("wa", 480), "wa#2", priority=0)
     first = asyncio.ensure_future(anext(stream))
-    await asyncio.sleep(0.2)
+    # Abort as soon as the server runs it: the tiny model makes 480 tokens in well under a second on a
+    # quiet machine, so a fixed sleep could see the request end before the abort reaches it.
+    deadline = time.monotonic() + 10
+    while await _server_running(server) == 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
     assert not first.done()
     await engine.abort("wa#2")
     final = await asyncio.wait_for(first, timeout=10)

@@ -9,6 +9,7 @@ is never ended by a call: each answer is remembered (``Conversations``) and its 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 
@@ -27,9 +28,12 @@ log = logging.getLogger(__name__)
 class RequestPrograms:
     def __init__(self, dispatcher: Dispatcher) -> None:
         self._d = dispatcher
-        self.conversations = Conversations(
-            dispatcher.redis, dispatcher.store.keys, dispatcher.settings.conversation_ttl_s
-        )
+
+    @functools.cached_property
+    def conversations(self) -> Conversations:
+        # Made on first use: the app is also built without Redis, for its OpenAPI document alone.
+        d = self._d
+        return Conversations(d.redis, d.store.keys, d.settings.conversation_ttl_s)
 
     async def identify(
         self,

@@ -349,8 +349,8 @@ class RemoteEngine:
     async def abort(self, key: str) -> None:
         """Close ``key``'s stream (the server aborts it); generate() then yields a final "cancelled"."""
         st = self._streams.get(key)
-        if st is None or st.cancelled or st.task is None:
-            return
+        if st is None or st.cancelled or st.task is None or st.task.done():
+            return  # unknown, already aborted, or already answered: its one final is on its way
         st.cancelled = True
         st.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
