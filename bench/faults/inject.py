@@ -293,7 +293,7 @@ def redis_pause(env: FaultEnv, pause_s: float = 3.0) -> Injection:
     finally:
         proc.resume()
         env.paused.discard(proc.pid)
-    return Injection("redis_pause", True, f"redis-server pid {proc.pid}", note=f"SIGSTOP {pause_s:g} s")
+    return Injection("redis_pause", True, f"redis-server pid {proc.pid}", note=f"SIGSTOP for {pause_s:g} s")
 
 
 FAULTS: dict[str, Callable[[FaultEnv], Injection]] = {

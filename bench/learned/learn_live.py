@@ -1,4 +1,4 @@
-"""The learning loop live: ``python -m bench.learned.learn_live`` (``make bench-learn``; issue 15, item 6).
+"""The learning loop live: ``python -m bench.learned.learn_live`` (``make bench-learn``).
 
 One run, from nothing: the router and predictor start from the product's synthetic bootstrap; an eval
 trace is replayed through a fresh stack on the real engines (**before**); a fresh stack serves training

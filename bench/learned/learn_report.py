@@ -259,7 +259,7 @@ def markdown(result: Mapping[str, Any]) -> str:
     maps, v = result["map"], result["versions"]
     flows = sorted(maps["before"]["by_workflow"])
     lines = [
-        "# The learning loop live (issue 15, item 6)",
+        "# The learning loop live",
         "",
         f"Command: `{result['command']}`. Written by the command from one run, started"
         f" {result['started_utc']} UTC, {t['total']:.0f} s in all. Pool `{cfg['pool']}`, engines"

@@ -1,5 +1,4 @@
-"""The router and the length predictor trained on REAL outcomes: ``python -m bench.learned.real`` (issue 15,
-item 4).
+"""The router and the length predictor trained on REAL outcomes: ``python -m bench.learned.real``.
 
 Reads the committed ``bench/data/real/`` (HumanEval workflows run on Qwen2.5-Coder-0.5B and -1.5B through the
 stack, each answer verified; see its README.md) and writes ``bench/results/real.json`` and ``real.md``:
@@ -56,7 +55,7 @@ log = logging.getLogger("bench.learned.real")
 
 COMMAND = "python -m bench.learned.real"
 DATA = Path("bench/data/real")
-TARGET_MARGIN = 0.10  # issue 15: map >= prior_map + 0.10 on code
+TARGET_MARGIN = 0.10  # the target on code: map >= prior_map + 0.10
 ROUTER_KEYS = ("map", "prior_map", "prior_workflow_map")
 PREDICTOR_KEYS = (
     "kendall_tau_distance",

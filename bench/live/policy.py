@@ -12,7 +12,7 @@ state folder (``profiles.json``) and stored under every policy's prefix before t
 policy (and the simulator) runs on the one measurement. Profiling both engines at once, as a two-engine
 stack's workers do on their first start, measured each while the other loaded the machine: the 0.5B
 engine's batched step came out 1.4 times its alone figure and the simulator's latencies for it twice the
-live ones (stop 22's run). The state folder also keeps the router and predictor trained
+live ones (an earlier 12-task run at 0.07/s). The state folder also keeps the router and predictor trained
 on ``bench/data/real`` and the logs.
 Each engine's worker is pinned to its own core after start (``services.collect.pinning``, as the
 collector does), so one engine's load does not slow the other. The admission bound is off

