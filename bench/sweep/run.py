@@ -133,7 +133,7 @@ def capacity_rps(prep: Prepared, model: str, spec: EngineSpec) -> float:
     never queues at RPS 12. The estimate is low for the 1.5B-7B (they queue from load 1.1-1.25, so the loads
     reach 1.25): the engine runs more sequences than ``max_batch_size`` (5% more throughput on the 7B), and
     the top 1% of workflows, runaway outputs that decode in one slot past the end of the arrivals, hold 5%
-    of the 7B's tokens and 16-40% of the 1.5B's (bench/README.md, Figure 3)."""
+    of the 7B's tokens and 16-40% of the 1.5B's (bench/sweep/README.md, Figure 3)."""
     p = spec.profile
     batch = max(1, min(p.max_batch_size, spec.max_num_seqs))
     per_token = p.step_time_ms(batch) / batch
