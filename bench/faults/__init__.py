@@ -1,1 +1,1 @@
-"""Faults and soak: one fault per fresh stack, random faults for minutes, and a Redis Cluster master killed."""
+"""Faults and soak: one fault per fresh stack, random faults for minutes, a Redis Cluster master killed."""

@@ -1,8 +1,8 @@
 """The live must-show over several arrival traces: each ``bench.live.run`` trace pooled, paired by workflow.
 
 Why: one 16-workflow trace moves a pass rate by 0.062 per workflow and a mean E2E by a few seconds per
-slow workflow, so the seed-0 trace (``real_live.md``) could not decide "no slower and scores higher" (88 s against
-86 s). Each further seed is a new trace: other held-out problems, other Poisson arrivals, same config
+slow workflow, so the seed-0 trace (``real_live.md``) could not decide "no slower and scores higher" (88 s
+against 86 s). Each further seed is a new trace: other held-out problems, other Poisson arrivals, same config
 otherwise. Workflows are paired by (trace, index): the same problem arriving at the same offset under
 both policies, so the per-workflow difference removes most of the between-problem spread.
 

@@ -147,7 +147,9 @@ def markdown(res: dict[str, Any]) -> str:
 def main(argv: Sequence[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.load.ab", description=__doc__.split("\n\n")[0])
     ap.add_argument("worktree", nargs="?", type=Path, help="the worktree the before-runs ran in")
-    ap.add_argument("--name", default="load_stage_cpu_ab", help="stem of the raw folder and the summary files")
+    ap.add_argument(
+        "--name", default="load_stage_cpu_ab", help="stem of the raw folder and the summary files"
+    )
     args = ap.parse_args(argv)
     raw = OUT / args.name
     _collect(args.worktree / "bench" / "results" if args.worktree else None, raw)

@@ -1,1 +1,1 @@
-"""The discrete-event simulator that runs the product's policy code, its sweeps, and the live replay that checks it."""
+"""The discrete-event simulator running the product's policy code, its sweeps, and the live replay."""
