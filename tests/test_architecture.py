@@ -77,6 +77,34 @@ def test_no_import_circle_under_services_or_bench() -> None:
     assert _cycle(_graph()) is None, " -> ".join(_cycle(_graph()) or [])
 
 
+def _families() -> dict[str, set[str]]:
+    """``bench``'s families (its sub-packages) and the other families each one imports."""
+    graph: dict[str, set[str]] = {}
+    for module, deps in _graph().items():
+        parts = module.split(".")
+        if parts[0] == "bench" and len(parts) > 2:
+            graph.setdefault(parts[1], set()).update(d.split(".")[1] for d in deps if d.startswith("bench."))
+    return {family: deps - {family} for family, deps in graph.items()}
+
+
+def test_no_circle_between_the_benchmark_families() -> None:
+    """A family may build on another (the live runs on the simulator), never both ways round."""
+    assert _cycle(_families()) is None, " -> ".join(_cycle(_families()) or [])
+
+
+def test_the_shared_bench_helpers_import_no_family() -> None:
+    assert _families()["common"] == set()
+
+
+def test_bench_is_a_few_modules_over_one_package_per_family_each_with_its_readme() -> None:
+    bench = ROOT / "bench"
+    assert len(list(bench.glob("*.py"))) <= 10
+    packages = [p.parent for p in bench.glob("*/__init__.py")]
+    assert len(packages) >= 6
+    missing = [p.name for p in packages if not (p / "README.md").is_file()]
+    assert missing == [], f"bench families without a README: {missing}"
+
+
 def test_the_circle_finder_finds_circles() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None

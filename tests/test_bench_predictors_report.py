@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bench.predictors_report import targets
+from bench.learned.predictors_report import targets
 
 pytestmark = pytest.mark.unit
 COMMITTED = Path(__file__).parents[1] / "bench" / "results" / "predictors.json"

@@ -1,4 +1,5 @@
-"""The real-outcome benchmark (bench/real.py): folds held out by problem id, and the report's fields."""
+"""The real-outcome benchmark (bench/learned/real.py): folds held out by problem id, and the report's
+fields."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.real import DATA, load, main, problem_folds
+from bench.learned.real import DATA, load, main, problem_folds
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).parents[1]

@@ -1,4 +1,4 @@
-"""The benchmark simulator on tiny configurations, and a smoke run of the sweep (bench.run) end to end.
+"""The benchmark simulator on tiny configurations, and a smoke run of the sweep (bench.sweep.run) end to end.
 
 The jobs here are hand-made (a fake workload: fixed stage lengths and scores), so the expected times can be
 computed by hand; the smoke test at the end trains the real router and predictor on a small trace set.
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from bench.sim import EngineSpec, SimConfig, simulate, summarize
-from bench.workload import Job, Run, Stage
+from bench.sweep.sim import EngineSpec, SimConfig, simulate, summarize
+from bench.sweep.workload import Job, Run, Stage
 from services.common.types import EngineProfile, EngineSnapshot
 from services.policy.contract import Policy, Selection
 from services.policy.registry import POLICIES
@@ -143,9 +143,10 @@ def test_summary_metrics() -> None:
 
 @pytest.mark.timeout(120)
 def test_quick_sweep_smoke(tmp_path: Path) -> None:
-    """A cut-down sweep through bench.run: real training, the simulator, tables, figures, frontier.json."""
-    from bench import run as bench_run
-    from bench.report import write_all
+    """A cut-down sweep through bench.sweep.run: real training, the simulator, tables, figures,
+    frontier.json."""
+    from bench.sweep import run as bench_run
+    from bench.sweep.report import write_all
 
     pool, single = ("qwen1.5b+7b",), ("qwen2.5-7b",)
     mode = bench_run.Mode("smoke", ("math",), pool, (8,), (0, 1), single, (0.9,), 30, 120)
@@ -161,8 +162,8 @@ def test_quick_sweep_smoke(tmp_path: Path) -> None:
     # Figure 3 is keyed by load; its RPS came from the model's capacity.
     assert set(data["fig3"]["math"]["qwen2.5-7b"]) == {"0.9"}
     assert 0.5 < data["fig3_capacity_rps"]["math"]["qwen2.5-7b"] < 20
-    # bench.seeds aggregates sweeps: two copies of one seed give every cell's verdict twice.
-    from bench import seeds
+    # bench.sweep.seeds aggregates sweeps: two copies of one seed give every cell's verdict twice.
+    from bench.sweep import seeds
 
     imp = seeds.improved_cells([data, data])
     assert len(imp) == 1 and imp[0]["hv_paper"][0] == imp[0]["hv_paper"][1] > 0

@@ -182,7 +182,7 @@ def test_publish_is_idempotent_and_merges_later_exports(tmp_path: Path) -> None:
     first = {p.name: p.read_text() for p in out.iterdir()}
     publish(raw, out)  # a rerun folds the same export in again: nothing changes (lengths not zeroed)
     assert {p.name: p.read_text() for p in out.iterdir()} == first
-    # A later session: a fresh export folder holding only its own rows; the dataset keeps the old ones.
+    # A later collect run: a fresh export folder holding only its own rows; the dataset keeps the old ones.
     raw2 = tmp_path / "raw2"
     pid = program_id(Task(_problem("humaneval/9"), get_workflow("code/coder")), "big", "n9")
     write_jsonl(trace_file(raw2, "big"), [_fake_trace(pid, 0, "big")])

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import pytest
 from redis.asyncio import Redis
 
-from bench.sim import SimConfig
+from bench.sweep.sim import SimConfig
 from services.common.keys import EngineField, Keys
 from services.common.queue import QueueStore
 from services.common.types import (

@@ -36,7 +36,7 @@ def test_uvloop_is_the_default_and_a_misspelt_loop_stops_the_start(monkeypatch: 
 
 @pytest.mark.unit
 def test_the_loop_benchmark_reports_each_pairs_ratio() -> None:
-    from bench.event_loop_ab import markdown, summarise
+    from bench.load.event_loop_ab import markdown, summarise
 
     def run(*ms: float) -> dict[str, Any]:
         return {

@@ -1,4 +1,4 @@
-"""The fault benchmark's counting (bench/faults_count.py) on synthetic streams and its report (unit, no
+"""The fault benchmark's counting (bench/faults/count.py) on synthetic streams and its report (unit, no
 stack), and one smoke of the harness on real processes (e2e)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import pytest
 
-from bench.faults_count import (
+from bench.faults.count import (
     HUNG,
     NO_FINAL,
     StageRecord,
@@ -24,9 +24,9 @@ from bench.faults_count import (
     naive_text,
     outcome,
 )
-from bench.faults_drive import DriveConfig, _stage, plan
-from bench.faults_report import write
-from bench.faults_stack import request_state
+from bench.faults.drive import DriveConfig, _stage, plan
+from bench.faults.report import write
+from bench.faults.stack import request_state
 from services.common.keys import Keys
 from services.common.redis_client import connect_sync
 from services.common.redis_proc import PrivateRedis

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.faults import run_kinds
-from bench.faults_inject import FAULTS
-from bench.faults_stack import RunConfig
+from bench.faults.inject import FAULTS
+from bench.faults.run import run_kinds
+from bench.faults.stack import RunConfig
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

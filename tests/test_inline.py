@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
-from bench.load_report import _door
+from bench.load.report import _door
 from services.cli.main import app as cli
 from services.common import artifacts
 from services.common.types import ChatMessage, OutcomeRow, Prediction, SamplingParams, StageRequest, TraceRow

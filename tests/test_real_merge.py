@@ -1,11 +1,11 @@
-"""``bench.real_merge``: the live and learning-loop summaries folded into ``real.json``."""
+"""``bench.learned.real_merge``: the live and learning-loop summaries folded into ``real.json``."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from bench.real_merge import LEARN, LIVE, companions, markdown
+from bench.learned.real_merge import LEARN, LIVE, companions, markdown
 
 
 def _side(score: float, mean: float) -> dict[str, object]:
@@ -30,7 +30,9 @@ def test_live_frontier_and_verdict_are_copied(tmp_path: Path) -> None:
         "must_show": {"live": {"best_tau": "chimera-tau2", "holds": True}},
     }
     (tmp_path / LIVE).write_text(json.dumps(live))
-    (tmp_path / LEARN).write_text(json.dumps({"command": "python -m bench.learn_live", "summary": {"x": 1}}))
+    (tmp_path / LEARN).write_text(
+        json.dumps({"command": "python -m bench.learned.learn_live", "summary": {"x": 1}})
+    )
     c = companions(tmp_path)
     assert c["live"]["frontier"]["chimera-tau2"] == {
         "live": {k: v for k, v in _side(0.5, 55.0).items() if k != "failed"}

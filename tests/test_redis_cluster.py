@@ -14,8 +14,8 @@ from cluster_fixtures import redis_cluster
 from redis.asyncio import Redis
 from worker_procs import stage_request
 
-from bench.faults_stack import StackConfig, pool
-from bench.scaleout import ScaleoutConfig, scenario
+from bench.faults.scaleout import ScaleoutConfig, scenario
+from bench.faults.stack import StackConfig, pool
 from services.common.keys import Keys
 from services.common.queue import QueueStore
 from services.common.redis_client import connect, connect_reader, connect_sync, is_cluster

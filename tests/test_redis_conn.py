@@ -13,7 +13,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from bench.redis_cancel import lost_cancellations
+from bench.load.redis_cancel import lost_cancellations
 from services.common import loop as event_loop
 from services.common.keys import Keys
 from services.common.redis_client import connect, connect_reader, connect_tool

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.replay_report import (
+from bench.sweep.replay_report import (
     LiveSummary,
     PolicyResult,
     ReplayResult,

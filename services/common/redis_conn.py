@@ -5,7 +5,7 @@ NOTE(cancel): with a socket timeout (redis-py's default is 5 s), redis-py wraps 
 at the moment the write completes, and drops the cancellation (CPython gh-86296, fixed in 3.12 by building
 ``wait_for`` on ``asyncio.timeout``). The write completes one loop turn after it starts, so the window is
 wide: of 200 tasks looping on GET, each cancelled at a random point, 157 ran on over a Unix socket
-(``python -m bench.redis_cancel``) and 73 over TCP (a one-off run). In Chimera that left a dispatcher's
+(``python -m bench.load.redis_cancel``) and 73 over TCP (a one-off run). In Chimera that left a dispatcher's
 reaper running after ``stop`` cancelled it (a test's teardown hung until its timeout), and it could let a
 gRPC handler whose caller went away go on with its dispatch.
 

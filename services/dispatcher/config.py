@@ -39,7 +39,7 @@ class DispatcherSettings(CommonSettings):
     )
     # NOTE(keepalive): uvicorn closes an idle connection after 5 s by default, and httpx's pool expires one
     # after the same 5 s, so a client could pick a connection just as the door closed it: 6 ReadErrors in
-    # 6,830 requests at 256 in flight (bench.load, HTTP), none in 7,069 with 75 s. The door must outlast
+    # 6,830 requests at 256 in flight (bench.load.run, HTTP), none in 7,069 with 75 s. The door must outlast
     # the idle expiry of common client pools (httpx 5 s, aiohttp 15 s, Go 90 s), so the client closes first.
     http_keepalive_s: int = Field(
         default=120, ge=1, le=3600, description="seconds the HTTP door keeps an idle kept-alive connection"
