@@ -107,6 +107,7 @@ def event(resp: pb.GenerateResponse) -> TextDelta | Completion:
         finish_reason=f.finish_reason,
         prompt_tokens=f.usage.prompt_tokens,
         completion_tokens=f.usage.completion_tokens,
+        cached_prompt_tokens=f.usage.cached_prompt_tokens,
         model=f.model,
         engine=f.engine,
         queue_wait_s=f.queue_wait_s,

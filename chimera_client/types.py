@@ -151,6 +151,7 @@ class Completion:
     # The engine the policy chose when its queue was full and this workflow went to ``engine`` instead.
     browned_out_from: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
+    cached_prompt_tokens: int = 0  # of prompt_tokens, those the engine's prefix cache held
 
 
 @dataclass(frozen=True, slots=True)

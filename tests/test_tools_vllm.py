@@ -108,7 +108,12 @@ def test_a_loop_without_chimera_headers_is_one_program_on_one_engine(
     http: openai.OpenAI, stack: Stack
 ) -> None:
     # A plain agent loop: no X-Chimera-* header, no metadata, no session id. The door finds the second call's
-    # program by continuation: its messages begin with the first call's, then the call it answered.
+    # program by continuation: its messages begin with the first call's, then the call it answered. The
+    # system prompt is long enough to fill whole KV blocks (vLLM caches whole blocks: 128 tokens on a CPU).
+    rules = " ".join(
+        f"Rule {i}: answer with the tool when a sum is asked, never by heart." for i in range(24)
+    )
+    system = {"role": "system", "content": f"You are a calculator. {rules}"}
     user = {"role": "user", "content": QUESTION}
 
     def ask(messages: list[Any], choice: str) -> Any:
@@ -116,9 +121,10 @@ def test_a_loop_without_chimera_headers_is_one_program_on_one_engine(
             model=MODEL, temperature=0, max_tokens=96, tools=[ADD], tool_choice=choice, messages=messages
         )
 
-    first = ask([user], "required")
+    first = ask([system, user], "required")
     (call,) = first.parse().choices[0].message.tool_calls
     history = [
+        system,
         user,
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": "42"},
@@ -129,6 +135,9 @@ def test_a_loop_without_chimera_headers_is_one_program_on_one_engine(
     assert said[0][0] == said[1][0] and [stage for _, stage in said] == ["0", "1"]
     assert [r.headers["x-chimera-identity"] for r in (first, second)] == ["new", "continuation"]
     assert first.headers["x-chimera-engine"] == second.headers["x-chimera-engine"]
+    # Staying on the engine paid: its prefix cache held the first turn's prompt (vLLM's own count).
+    usage = second.parse().usage
+    assert usage.prompt_tokens_details.cached_tokens >= 128, usage
     # The decision record says how the program was found (what ``chimera explain`` shows).
     r = redis.Redis.from_url(stack.redis_url, decode_responses=True)
     try:

@@ -41,6 +41,7 @@ class AgentTurn:
     engine: str
     model: str
     prompt_tokens: int
+    cached_tokens: int  # of prompt_tokens, the engine's prefix-cache hits (0 where the server says nothing)
     completion_tokens: int
     e2e_s: float  # the model's answer, not the tool's run
     tool_s: float
@@ -78,6 +79,11 @@ def _submitted(arguments: str) -> str:
         return ""
     code = args.get("code") if isinstance(args, dict) else None
     return code if isinstance(code, str) else ""
+
+
+def _cached(usage: Any) -> int:
+    details = getattr(usage, "prompt_tokens_details", None)
+    return int(getattr(details, "cached_tokens", 0) or 0)
 
 
 async def _turn(
@@ -132,6 +138,7 @@ async def run_agent(
                     engine=h.get("x-chimera-engine", ""),
                     model=resp.model,
                     prompt_tokens=resp.usage.prompt_tokens if resp.usage else 0,
+                    cached_tokens=_cached(resp.usage),
                     completion_tokens=resp.usage.completion_tokens if resp.usage else 0,
                     e2e_s=took,
                     tool_s=time.monotonic() - t_tool,

@@ -276,6 +276,7 @@ class QueueStore:
             finish_reason=result.finish_reason,
             prompt_tokens=result.prompt_tokens,
             completion_tokens=result.completion_tokens,
+            **({"cached_tokens": result.cached_tokens} if result.cached_tokens else {}),
             **({"tool_calls": [asdict(c) for c in result.tool_calls]} if result.tool_calls else {}),
             **(extra or {}),
         )

@@ -215,6 +215,7 @@ class StageResult:
     prompt_tokens: int
     completion_tokens: int
     tool_calls: tuple[ToolCall, ...] = ()
+    cached_tokens: int = 0  # prompt tokens the engine's prefix cache held
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,7 +83,11 @@ def completion(f: Final) -> pb.Completion:
         request_id=client_id(f.request_id),
         text=f.text,
         finish_reason=f.finish_reason,
-        usage=pb.Usage(prompt_tokens=f.prompt_tokens, completion_tokens=f.completion_tokens),
+        usage=pb.Usage(
+            prompt_tokens=f.prompt_tokens,
+            completion_tokens=f.completion_tokens,
+            cached_prompt_tokens=f.cached_prompt_tokens,
+        ),
         model=f.model,
         engine=f.engine,
         queue_wait_s=f.queue_wait_s,

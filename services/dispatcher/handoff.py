@@ -67,6 +67,7 @@ class Final:
     timings: DispatchTimings = DispatchTimings()
     browned_out_from: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
+    cached_prompt_tokens: int = 0  # of prompt_tokens, those the engine's prefix cache held
 
 
 StreamItem = Delta | Final

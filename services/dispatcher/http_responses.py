@@ -203,7 +203,7 @@ def response_body(
                 "input_tokens": u["prompt_tokens"],
                 "output_tokens": u["completion_tokens"],
                 "total_tokens": u["total_tokens"],
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": f.cached_prompt_tokens},
                 "output_tokens_details": {"reasoning_tokens": 0},
             },
         )

@@ -230,11 +230,13 @@ class CompletionRequest(_GenerationRequest):
 Kind = Literal["chat", "text"]
 
 
-def usage(f: Final) -> dict[str, int]:
+def usage(f: Final) -> dict[str, Any]:
     return {
         "prompt_tokens": f.prompt_tokens,
         "completion_tokens": f.completion_tokens,
         "total_tokens": f.prompt_tokens + f.completion_tokens,
+        # OpenAI's place for prefix-cache hits: what the engine that holds the program's prefix saved.
+        "prompt_tokens_details": {"cached_tokens": f.cached_prompt_tokens},
     }
 
 

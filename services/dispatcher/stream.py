@@ -187,6 +187,7 @@ def _final(d: Dispatched, ev: Mapping[str, Any], clock: Callable[[], float]) -> 
         timings=d.timings,
         browned_out_from=d.browned_out_from,
         tool_calls=tool_calls_of(ev.get("tool_calls")),
+        cached_prompt_tokens=int(ev.get("cached_tokens", 0)),
     )
 
 

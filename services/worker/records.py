@@ -16,7 +16,9 @@ def stage_result(final: EngineOutput, text: str) -> StageResult:
     reason = final.finish_reason or "stop"
     if final.tool_calls and reason == "stop":
         reason = "tool_calls"  # as OpenAI reports an answer that ends in calls
-    return StageResult(text, reason, final.prompt_tokens, final.completion_tokens, final.tool_calls)
+    return StageResult(
+        text, reason, final.prompt_tokens, final.completion_tokens, final.tool_calls, final.cached_tokens
+    )
 
 
 def tool_extra(c: ClaimedRequest, result: StageResult) -> dict[str, Any]:
@@ -61,7 +63,8 @@ def trace_row(
         finish_reason=result.finish_reason,
         attempt=c.attempt,
         enqueued_unix=c.enqueued_unix,
-        extra=tool_extra(c, result),
+        # The prefix-cache hit of this stage: after a tool pause, what staying on its engine saved.
+        extra={**tool_extra(c, result), "cached_prompt_tokens": result.cached_tokens},
     )
 
 

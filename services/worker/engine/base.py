@@ -24,6 +24,9 @@ class EngineOutput:
     finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "tool_calls" once finished
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Prompt tokens the engine's prefix cache held (vLLM's count): what a stage on the engine that ran its
+    # program's earlier stages saves. 0 where the engine does not say.
+    cached_tokens: int = 0
     # Tool-call pieces since the last output (they stream like text), and once finished every call whole.
     tool_pieces: tuple[ToolCallPiece, ...] = ()
     tool_calls: tuple[ToolCall, ...] = ()

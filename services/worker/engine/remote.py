@@ -145,6 +145,13 @@ class _CallsRead:
         return tuple(ToolCall(*self._calls[i]) for i in sorted(self._calls))
 
 
+def cached_tokens(usage: Mapping[str, Any]) -> int:
+    """A server's prefix-cache hits (``usage.prompt_tokens_details.cached_tokens``: vllm serve with
+    ``--enable-prompt-tokens-details``); 0 where it does not say."""
+    details = usage.get("prompt_tokens_details") or {}
+    return int(details.get("cached_tokens") or 0) if isinstance(details, Mapping) else 0
+
+
 def _whole_output(body: Mapping[str, Any]) -> EngineOutput:
     """A non-streamed chat completion as one final output: its text, its calls whole, its usage."""
     choice = (body.get("choices") or [{}])[0]
@@ -160,6 +167,7 @@ def _whole_output(body: Mapping[str, Any]) -> EngineOutput:
         finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
         prompt_tokens=int(usage.get("prompt_tokens", 0)),
         completion_tokens=int(usage.get("completion_tokens", 0)),
+        cached_tokens=cached_tokens(usage),
         tool_calls=calls,
     )
 
@@ -295,6 +303,7 @@ class RemoteEngine:
                 finish_reason="length" if text_reason == "length" else "stop",
                 prompt_tokens=int(usage.get("prompt_tokens", 0)),
                 completion_tokens=int(usage.get("completion_tokens", 0)),
+                cached_tokens=cached_tokens(usage),
                 tool_calls=calls.whole(),
             )
         )

@@ -243,6 +243,7 @@ class VllmEngine:
                     finish_reason=FINISH_REASONS.get(delta.finish_reason or "", "stop"),
                     prompt_tokens=prompt_tokens,
                     completion_tokens=completion,
+                    cached_tokens=out.num_cached_tokens or 0,
                     tool_pieces=pieces,
                     tool_calls=call.calls() if call is not None else (),
                 )
