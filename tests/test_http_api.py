@@ -599,3 +599,18 @@ async def test_a_request_that_may_call_a_tool_goes_only_to_engines_that_read_cal
         http.client.chat.completions.create(model="auto", messages=MESSAGES, tools=[ADD_TOOL])
     )
     assert none_can.status_code == 400 and "no engine of the pool can call tools" in str(none_can.message)
+
+
+async def test_a_streamed_turn_is_remembered_before_its_caller_sees_the_end(http: Http) -> None:
+    # An agent sends its next turn the moment the stream ends: that turn must already find this one.
+    stream = await http.client.chat.completions.with_raw_response.create(
+        model="auto", messages=MESSAGES, stream=True
+    )
+    program = stream.headers["x-chimera-program-id"]
+    text = "".join([c.choices[0].delta.content or "" async for c in stream.parse() if c.choices])
+    turn = [*MESSAGES, {"role": "assistant", "content": text}, {"role": "user", "content": "more"}]
+    raw = await http.client.chat.completions.with_raw_response.create(model="auto", messages=turn)
+    assert (raw.headers["x-chimera-identity"], raw.headers["x-chimera-program-id"]) == (
+        "continuation",
+        program,
+    )

@@ -211,7 +211,7 @@ class OpenAIFrontDoor:
     ) -> AsyncIterator[str]:
         rid, model, created = client_id(d.request.request_id), d.model, int(time.time())
         sent, first_attempt, calls = "", 0, CallsSent()
-        final: Final | None = None
+        told = False  # the program was told how the stream ended
         try:
             if kind == "chat":
                 yield _sse(chunk_body(kind, rid, model, created, text="", role=True))
@@ -238,7 +238,10 @@ class OpenAIFrontDoor:
                         )
                     )
                     return
-                final = item
+                # Remembered before the caller sees the end: an agent sends its next turn the moment it
+                # does, and that turn must find this one's conversation.
+                told = True
+                await self.programs.finished(ident, tenant, d, item)
                 if rest_calls:
                     yield _sse(chunk_body(kind, rid, model, created, tool_calls=rest_calls))
                 rest = item.text[len(sent) :]
@@ -259,7 +262,8 @@ class OpenAIFrontDoor:
         except DispatchError as e:
             yield _sse(domain_error(e.code, str(e))[1])
         finally:
-            await self.programs.finished(ident, tenant, d, final)
+            if not told:
+                await self.programs.finished(ident, tenant, d, None)
 
 
 def _sse(body: Mapping[str, Any]) -> str:

@@ -260,7 +260,7 @@ class ResponsesEndpoint:
         yield ev.event("response.created", response=pending)
         yield ev.event("response.in_progress", response=pending)
         first_attempt = 0
-        final: Final | None = None
+        told = False  # the program was told how the stream ended
         try:
             async for item in self._door.dispatcher.stream(d):
                 if isinstance(item, Delta):
@@ -269,14 +269,16 @@ class ResponsesEndpoint:
                         for e in ev.text(item.text):
                             yield e
                     continue
-                final = item
+                told = True  # before the caller sees the end (the chat stream's reason)
+                await self._door.programs.finished(ident, tenant, d, item)
                 for e in ev.finish(response_body(body, rid, created, item, msg_id), item.text):
                     yield e
         except DispatchError as e:
             _, err = domain_error(e.code, str(e))
             yield ev.event("error", code=err["error"]["code"], message=err["error"]["message"], param=None)
         finally:
-            await self._door.programs.finished(ident, tenant, d, final)
+            if not told:
+                await self._door.programs.finished(ident, tenant, d, None)
 
 
 class _Events:
