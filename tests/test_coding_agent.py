@@ -41,6 +41,10 @@ def test_run_tests_passes_a_right_solution_and_shows_how_a_wrong_one_fails() -> 
     # The failing assertion and its line, without the sandbox's temporary folder.
     assert "assert candidate(2, 3) == 5" in wrong.text and "AssertionError" in wrong.text
     assert "chimera-verify-" not in wrong.text
+    assert (
+        "sandbox_boot" not in wrong.text and "runpy" not in wrong.text
+    )  # the sandbox's frames, not the code's
+    assert wrong.text.startswith("FAILED:\nTraceback")
     endless = run_tests(ADD, "def add(a, b):\n    while True:\n        pass\n", LIMITS)
     assert (endless.passed, endless.status) == (False, "timeout") and "did not finish" in endless.text
     assert run_tests(ADD, "   ", LIMITS).status == "no code"

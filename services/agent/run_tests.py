@@ -41,6 +41,7 @@ FORCED: Final[dict[str, Any]] = {"type": "function", "function": {"name": NAME}}
 PASSED: Final = "PASSED"
 # The sandbox's temporary folder in a traceback's file names: noise to the model, and different every run.
 _WORK_DIR = re.compile(r'"/[^"]*chimera-verify-[^/"]+/')
+_BOOT_FRAME = re.compile(r'File "(?:[^"]*sandbox_boot\.py|<frozen runpy>)"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +51,23 @@ class TestReport:
     status: str  # the sandbox's: ok, error, timeout, cpu, memory, output; "no code" when none was given
 
 
+def _frames(stderr: str) -> list[str]:
+    """The traceback as the model should read it: the frames of the test harness and the solution, without
+    the sandbox's own start-up frames above them (its boot script, runpy), which say nothing of the code."""
+    lines = [_WORK_DIR.sub('"', ln) for ln in stderr.strip().splitlines() if ln.strip()]
+    last_boot = max((i for i, ln in enumerate(lines) if _BOOT_FRAME.search(ln)), default=-1)
+    if last_boot < 0:
+        return lines
+    rest = lines[last_boot + 1 :]
+    while rest and not rest[0].lstrip().startswith("File "):
+        rest = rest[1:]  # the boot frame's own source lines
+    head = [ln for ln in lines[:1] if ln.startswith("Traceback")]
+    return head + rest
+
+
 def _tail(stderr: str, max_chars: int) -> str:
     """The end of a traceback: the lines that say what failed, whole lines only."""
-    lines = [_WORK_DIR.sub('"', ln) for ln in stderr.strip().splitlines() if ln.strip()]
+    lines = _frames(stderr)
     out: list[str] = []
     for line in reversed(lines):
         if sum(len(x) + 1 for x in out) + len(line) > max_chars:
