@@ -121,6 +121,10 @@ collect-agent: proto  ## the coding agent's loops (run_tests tool, no Chimera he
 	nice -n 19 $(VENV)/bin/chimera collect --agent --pool qwen-coder-3 $(foreach m,$(MODELS),--model $(m)) \
 	  --source humaneval --source leetcode --tasks $(TASKS) --concurrency 2
 
+.PHONY: bench-agent-loops
+bench-agent-loops: proto  ## how well an open loop's remaining work is ordered on the real loops of bench/data/agent/: open-loop predictor vs least attained service vs per-request SJF (bench/results/agent_loops.*, seconds)
+	$(PY) -m bench.learned.loops
+
 .PHONY: bench-live
 bench-live: proto  ## one Poisson trace of held-out HumanEval planner->coder workflows per policy on the real Qwen2.5-Coder 0.5B/1.5B engines, verified, vs the simulator (bench/results/real_live.*; per policy, resumable; POLICIES= a subset; ~65 min on 2 cores)
 	nice -n 19 $(PY) -m bench.live $(if $(POLICIES),--policies $(POLICIES))
