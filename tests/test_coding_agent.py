@@ -88,7 +88,15 @@ def test_a_collection_knows_what_it_holds_and_sums_it_up(tmp_path: Path) -> None
     # Made-up loop records (not measurements): the resume key and the summary's arithmetic.
     rows = [
         {"engine": "coder-0_5b", "problem_id": "humaneval/1", "passed": True, "n_turns": 1, "e2e_s": 10.0},
-        {"engine": "coder-0_5b", "problem_id": "humaneval/2", "passed": True, "n_turns": 3, "e2e_s": 30.0},
+        {
+            "engine": "coder-0_5b",
+            "problem_id": "humaneval/2",
+            "passed": True,
+            "n_turns": 3,
+            "e2e_s": 30.0,
+            "turns": [{"prompt_tokens": 100, "cached_tokens": 0}]
+            + [{"prompt_tokens": 200, "cached_tokens": 150}] * 2,
+        },
         {"engine": "coder-0_5b", "problem_id": "leetcode/7", "passed": False, "n_turns": 4, "e2e_s": 50.0},
         {"engine": "coder-1_5b", "problem_id": "humaneval/1", "passed": True, "n_turns": 1, "e2e_s": 20.0},
     ]
@@ -97,4 +105,5 @@ def test_a_collection_knows_what_it_holds_and_sums_it_up(tmp_path: Path) -> None
     small = summarise(tmp_path)["coder-0_5b"]
     assert (small["loops"], small["passed_first_turn"], small["passed_after_a_failure"]) == (3, 1, 1)
     assert small["pass_rate"] == round(2 / 3, 4) and small["mean_turns"] == round(8 / 3, 3)
+    assert small["cached_share_after_a_tool"] == 0.75  # turns after the first only: 300 of 400
     assert json.loads((tmp_path / "summary.json").read_text())["coder-1_5b"]["pass_rate"] == 1.0

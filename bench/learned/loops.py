@@ -153,6 +153,11 @@ def report(result: dict[str, Any]) -> str:
         f"Remaining output tokens per waiting turn: mean {result['remaining_tokens']['mean']:.0f}, median"
         f" {result['remaining_tokens']['median']:.0f}, max {result['remaining_tokens']['max']:.0f}.",
         "",
+        f"{result['passed_after_a_failure']} of {result['loops']} loops passed after a failed test run: with"
+        " greedy decoding a failing loop tends to resubmit the same code, so what remains is mostly the turns"
+        " left times the last turn's length. Loops that recover (sampling, a stronger tool report) are harder"
+        " to order, and this data does not say how much harder.",
+        "",
     ]
     return "\n".join(lines)
 
@@ -165,6 +170,7 @@ def main() -> None:
     rows = [json.loads(x) for x in args.loops.read_text().splitlines() if x.strip()]
     result = evaluate(moments(rows))
     result |= {
+        "passed_after_a_failure": sum(bool(r["passed"]) and len(r["turns"]) > 1 for r in rows),
         "command": "python -m bench.learned.loops",
         "commit": dataset_commit(Path(__file__).parents[2]) or "",
         "data_commit": dataset_commit(args.loops.parent) or "",

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import openai
 
@@ -62,6 +63,11 @@ def collected(out: Path) -> set[tuple[str, str]]:
     return done
 
 
+def _cached_share(turns: Sequence[dict[str, Any]]) -> float:
+    prompt = sum(int(t["prompt_tokens"]) for t in turns)
+    return round(sum(int(t.get("cached_tokens", 0)) for t in turns) / prompt, 4) if prompt else 0.0
+
+
 def summarise(out: Path) -> dict[str, dict[str, float]]:
     """Per engine: loops, verified pass rate, how many passed on the first submission and how many only
     after a failed test run (what the tool bought), mean turns and end-to-end seconds. Written beside the
@@ -80,6 +86,9 @@ def summarise(out: Path) -> dict[str, dict[str, float]]:
             "passed_after_a_failure": passed - first,
             "mean_turns": round(sum(r["n_turns"] for r in mine) / len(mine), 3),
             "mean_e2e_s": round(sum(r["e2e_s"] for r in mine) / len(mine), 2),
+            # What staying on the engine across a tool call saved: of the prompt tokens of every turn after
+            # a tool result, the share the engine's prefix cache held (vLLM's own count).
+            "cached_share_after_a_tool": _cached_share([t for r in mine for t in r.get("turns", [])[1:]]),
         }
     (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
