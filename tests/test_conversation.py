@@ -78,3 +78,9 @@ async def test_remembered_answers_are_found_under_their_tenant_only(redis_client
     # The chat's answer called no tool: its place among acme's live workflows is given back; the loop,
     # waiting on its tool, keeps its place.
     assert await redis_client.zrange(keys.tenant_workflows("acme"), 0, -1) == ["acme~loop"]
+    # A session's program is found by its session id: its answers keep no digest, a chat still releases.
+    await redis_client.zadd(keys.tenant_workflows("acme"), {"acme~ses": 1e12})
+    said = [SYSTEM, ChatMessage("user", "session turn")]
+    await convs.remember("acme", None, said, ("ok", []), "ses", "acme~ses", by_digest=False)
+    assert await convs.find("acme", None, [*said, ChatMessage("assistant", "ok"), USER]) is None
+    assert await redis_client.zrange(keys.tenant_workflows("acme"), 0, -1) == ["acme~loop"]

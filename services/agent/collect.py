@@ -28,11 +28,11 @@ from typing import Any
 import openai
 
 from services.agent.coding import AgentRun, end_loop, run_agent
+from services.agent.run_tests import code_check
 from services.launcher.config import LauncherSettings
 from services.launcher.pool import EngineSpec, PoolSpec
 from services.launcher.stack import running_stack
 from services.verify.answers import AnswerKey
-from services.verify.checks import HumanEvalCheck, LeetCodeCheck
 from services.workload.corpus import Problem
 
 log = logging.getLogger(__name__)
@@ -106,11 +106,6 @@ def record(run: AgentRun, engine: EngineSpec, started: float, plan: AgentPlan) -
     }
 
 
-def code_check(key: AnswerKey, problem_id: str) -> HumanEvalCheck | LeetCodeCheck | None:
-    check = key.get(problem_id)
-    return check if isinstance(check, HumanEvalCheck | LeetCodeCheck) else None
-
-
 async def run_loops(
     http_url: str,
     todo: Sequence[tuple[EngineSpec, Problem]],
@@ -129,7 +124,6 @@ async def run_loops(
         async def one(engine: EngineSpec, problem: Problem) -> None:
             nonlocal finished
             check = code_check(key, problem.id)
-            assert check is not None  # the plan holds checkable problems only
             async with limits[engine.id]:
                 started = time.time()
                 run = await run_agent(

@@ -18,25 +18,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from services.agent.coding import AgentRun, end_loop, pass_rate, run_agent
+from services.agent.run_tests import code_check
 from services.demo.arms import Arm
-from services.launcher.pool import PoolSpec
 from services.launcher.stack import Stack
 from services.verify.answers import AnswerKey
-from services.verify.checks import HumanEvalCheck, LeetCodeCheck
 from services.workload.corpus import Problem
-
-
-def tool_models(pool: PoolSpec) -> list[str]:
-    """The pool's models whose engines read tool calls back: a vLLM engine needs a tool parser."""
-    able = (e for e in pool.engines if e.tool_parser or e.kind != "vllm")
-    return list(dict.fromkeys(e.model for e in able))
-
-
-def _check(key: AnswerKey, problem: Problem) -> HumanEvalCheck | LeetCodeCheck:
-    check = key.get(problem.id)
-    if not isinstance(check, HumanEvalCheck | LeetCodeCheck):
-        raise ValueError(f"{problem.id} has no code check for run_tests")
-    return check
 
 
 def done_line(arm: str, run: AgentRun, done: int, total: int) -> str:
@@ -69,7 +55,7 @@ async def _arm(
             run = await run_agent(
                 client,
                 problem,
-                _check(key, problem),
+                code_check(key, problem.id),
                 model=arm.model or "auto",
                 max_turns=max_turns,
                 max_tokens=max_tokens,

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final
 
+from services.verify.answers import AnswerKey
 from services.verify.checks import HumanEvalCheck, LeetCodeCheck
 from services.verify.code import humaneval_program, leetcode_program
 from services.verify.sandbox import Limits, run_python
@@ -74,6 +75,14 @@ def _tail(stderr: str, max_chars: int) -> str:
             break
         out.insert(0, line)
     return "\n".join(out) if out else stderr.strip()[-max_chars:]
+
+
+def code_check(key: AnswerKey, problem_id: str) -> HumanEvalCheck | LeetCodeCheck:
+    """The tests ``run_tests`` runs for a problem: its HumanEval or LeetCode check in the answer key."""
+    check = key.get(problem_id)
+    if not isinstance(check, HumanEvalCheck | LeetCodeCheck):
+        raise ValueError(f"{problem_id} has no code check for run_tests")
+    return check
 
 
 def run_tests(

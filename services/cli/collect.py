@@ -94,10 +94,9 @@ def _collect_agent(
     out: Path,
 ) -> None:
     from services.agent.collect import AgentPlan, collect_loops
-    from services.agent.demo import tool_models
     from services.collect.runner import select_engines
 
-    able = tool_models(engines)
+    able = list(engines.tool_models)
     if not able:
         raise typer.BadParameter("none of these engines can call tools (tool_parser in the pool file)")
     pool = select_engines(engines, able)

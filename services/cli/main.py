@@ -143,10 +143,10 @@ def demo(
         models = list(dict.fromkeys(e.model for e in stack.pool.engines))
         arms = arms_for(models if compare else [])
         if agent:
-            from services.agent.demo import print_agent_arms, run_agent_arms, tool_models
+            from services.agent.demo import print_agent_arms, run_agent_arms
 
             # Alone, only a model that can call tools can run the loop; Chimera routes it to those only.
-            arms = arms_for(tool_models(stack.pool) if compare else [])
+            arms = arms_for(list(stack.pool.tool_models) if compare else [])
             loops = asyncio.run(run_agent_arms(console, stack, arms, tasks, key, max_turns, max_tokens))
             print_agent_arms(console, loops)
             raise typer.Exit(1 if any(r.error for runs in loops.values() for r in runs) else 0)

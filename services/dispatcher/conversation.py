@@ -79,7 +79,7 @@ def probe(model: str | None, messages: Sequence[ChatMessage]) -> str | None:
 @dataclass(frozen=True, slots=True)
 class _Answered:
     tenant: str
-    digest: str
+    digest: str | None  # None: the program has a name of its own (a session id), no digest to keep
     program_id: str  # as the client names it
     scoped_program_id: str  # as the program table and the tenant's workflows name it
     still_open: bool  # it asked for a tool call: the loop goes on
@@ -115,19 +115,21 @@ class Conversations:
         answer: tuple[str, Sequence[ToolCall]],
         program_id: str,
         scoped_program_id: str,
+        by_digest: bool = True,
     ) -> None:
-        """Name ``program_id`` by its answered conversation; a loop that asked for no tool is released."""
+        """Name ``program_id`` by its answered conversation (unless ``by_digest`` is false: a session's
+        program is found by its session id); a loop that asked for no tool is released."""
         text, calls = answer
-        await self._writes.call(
-            _Answered(
-                tenant, answered(model, messages, text, calls), program_id, scoped_program_id, bool(calls)
-            )
-        )
+        if not by_digest and calls:
+            return  # nothing to write
+        digest = answered(model, messages, text, calls) if by_digest else None
+        await self._writes.call(_Answered(tenant, digest, program_id, scoped_program_id, bool(calls)))
 
     async def _send(self, items: list[_Answered]) -> list[None]:
         pipe = self._r.pipeline(transaction=False)
         for a in items:
-            pipe.set(self._k.conversation(a.tenant, a.digest), a.program_id, ex=self.ttl_s)
+            if a.digest is not None:
+                pipe.set(self._k.conversation(a.tenant, a.digest), a.program_id, ex=self.ttl_s)
             if not a.still_open:
                 pipe.zrem(self._k.tenant_workflows(a.tenant), a.scoped_program_id)
         await guarded(pipe.execute())

@@ -19,7 +19,7 @@ from services.dispatcher.dispatch import Dispatcher
 from services.dispatcher.errors import DispatchError
 from services.dispatcher.handoff import Dispatched, Final
 from services.dispatcher.http_input import Identity, resolve_identity
-from services.dispatcher.intake import pinned
+from services.dispatcher.intake import IdentitySource, pinned
 from services.dispatcher.tenancy import scoped
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,7 @@ class RequestPrograms:
                     (final.text, final.tool_calls),
                     ident.program_id,
                     d.request.program_id,
+                    by_digest=ident.source != IdentitySource.SESSION,  # a session's id finds it again
                 )
             )
         except (asyncio.CancelledError, DispatchError) as e:

@@ -34,6 +34,12 @@ class EngineSpec(BaseModel):
     # Anything else the worker reads (CHIMERA_WORKER_<NAME>), e.g. model_path, url, time_scale.
     env: dict[str, str] = Field(default_factory=dict)
 
+    @property
+    def calls_tools(self) -> bool:
+        """Whether its engine reads tool calls back (as its worker registers it, EngineField.TOOLS): a vLLM
+        engine needs a tool parser; a simulated engine always calls, a remote one leaves it to its server."""
+        return self.kind != "vllm" or bool(self.tool_parser)
+
 
 class PoolSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -50,6 +56,11 @@ class PoolSpec(BaseModel):
     @property
     def models(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(e.model for e in self.engines))
+
+    @property
+    def tool_models(self) -> tuple[str, ...]:
+        """The models whose engines can run an agent's tool calls."""
+        return tuple(dict.fromkeys(e.model for e in self.engines if e.calls_tools))
 
 
 def resolve_pool(path: Path | None) -> Path:
