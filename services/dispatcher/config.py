@@ -93,6 +93,11 @@ class DispatcherSettings(CommonSettings):
         le=1,
         description="confidence margin needed to leave the fastest engine",
     )
+    escalate: bool = Field(
+        default=DEFAULT_KNOBS.escalate,
+        description="after a failed tool result, move the program's next stage to a stronger model when it "
+        "pays (services/policy/README.md, escalation)",
+    )
     aging_rate: float = Field(
         default=DEFAULT_KNOBS.aging_rate,
         gt=0,
@@ -337,7 +342,14 @@ class DispatcherSettings(CommonSettings):
 
     def knobs(self) -> Knobs:
         """The policy knobs as the pure policy functions take them."""
-        return Knobs(self.tau, self.delta_s, self.aging_rate, self.priority_cap_tokens, self.fair_cap_tokens)
+        return Knobs(
+            self.tau,
+            self.delta_s,
+            self.aging_rate,
+            self.priority_cap_tokens,
+            self.fair_cap_tokens,
+            self.escalate,
+        )
 
     def tenant_defaults(self) -> TenantLimits:
         """The quotas of a tenant without a record of its own."""

@@ -14,7 +14,6 @@ The decisions themselves (affinity, the policy's pick, the queue score) are the 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -31,7 +30,6 @@ from services.common.queue_records import EngineFull
 from services.common.snapshot import engine_ids, engines_from, queue_engine_reads, read_engines
 from services.common.types import EngineSnapshot, StageRequest
 from services.dispatcher import programs
-from services.dispatcher.affinity import later_stage_route
 from services.dispatcher.auth import Authenticator, keys_required
 from services.dispatcher.capability import able_engines
 from services.dispatcher.clients import ConfidenceSource, LengthSource
@@ -56,6 +54,7 @@ from services.dispatcher.metrics import DispatcherMetrics
 from services.dispatcher.pending import Claim, PendingLoad
 from services.dispatcher.quotas import Quotas
 from services.dispatcher.reattach import reattach
+from services.dispatcher.routes import Routing
 from services.dispatcher.stream import stream_output
 from services.dispatcher.tenancy import check_unscoped, scope_intake, scoped
 from services.dispatcher.upstream import Upstream
@@ -63,7 +62,7 @@ from services.dispatcher.validate import check_id, check_stage_skip, validate_re
 from services.policy import contract
 from services.policy.contract import JobSize
 from services.policy.registry import POLICIES
-from services.policy.routing import AffinityConflict, candidates, choose, queue_score
+from services.policy.routing import AffinityConflict, queue_score
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -114,6 +113,7 @@ class Dispatcher:
         self._ids: list[str] = []
         self._ids_at = 0.0
         self._gate = Gate(settings.bounds(), self.metrics)
+        self._routing = Routing(self._up, self._policy, self._knobs, self._gate)
         self._pending = PendingLoad()
         self._forgetting = programs.Forgetting(store)
         required = keys_required(settings.auth, settings.door_hosts())
@@ -238,36 +238,14 @@ class Dispatcher:
             if req.model_pin not in {e.model for e in engines}:
                 raise ModelNotFound(f"no registered engine serves model {req.model_pin!r}")
         engines = able_engines(req, engines)  # a later stage on an engine that cannot moves (capability.py)
-        confidences: Mapping[str, float] = {}
-        browned_out_from = moved_from = ""
-        max_load = 0  # in-flight tokens the engine may hold for this request to join (0: no bound)
         if not program and self.open_requests > self.settings.max_open_requests:
             # Only a new workflow: an admitted one's later stages always get in.
             raise Overloaded(f"this dispatcher holds {self.open_requests} open requests", OPEN_RETRY_S)
         with _policy_errors():
-            if program:
-                margin = self._gate.bounds.brownout_margin
-                route, moved_from = later_stage_route(req, program, engines, margin)
-                preds = await self._up.predictions(req, [route.model], t, degraded)
-            else:
-                pool = candidates(engines, req.model_pin)
-                models = sorted({e.model for e in pool if e.alive})
-                if req.model_pin is None:
-                    # The router and the predictor (for every candidate model) at once: neither waits.
-                    confidences, preds = await asyncio.gather(
-                        self._up.confidences(req, models, t, degraded),
-                        self._up.predictions(req, models, t, degraded),
-                    )
-                else:
-                    preds = await self._up.predictions(req, models, t, degraded)
-                t0 = time.perf_counter()
-                pool, engines = claim.applied(pool), claim.applied(engines)  # pending.py: no herding
-                route = choose(self._policy, pool, confidences, self._knobs, req.model_pin)
-                route, browned_out_from, max_load = self._gate.admit(route, engines, confidences)
-                claim.take(route.engine_id, preds[route.model].p50)
-                t.policy_ms += ms_since(t0)
+            r, engines = await self._routing.route(req, program, engines, claim, t, degraded)
+        route, preds, confidences, max_load = r.route, r.preds, r.confidences, r.max_load
         engine, model, branch = route.engine_id, route.model, str(route.branch)
-        pred = preds[model]
+        pred, browned_out_from = preds[model], r.browned_out_from
         # A retried request usually finds its first copy here, before anything is queued; ENQUEUE stays the
         # authority for the rare retry that races its original past this check.
         duplicate, (status, assigned, assigned_model) = await self._redis(
@@ -281,7 +259,7 @@ class Dispatcher:
                 req.request_id,
                 idle_ttl_s(req.identity, self.settings),
                 confidences,
-                moved_from,
+                r.leaves,
             ),
         )
         if status == "backwards":
@@ -323,7 +301,9 @@ class Dispatcher:
             t,
         )
         decision["identity"] = req.identity
-        decision.update(detour_record(engine, browned_out_from, moved_from, self._gate.bounds))
+        decision.update(detour_record(engine, browned_out_from, r.moved_from, self._gate.bounds))
+        if r.escalation is not None:
+            decision["escalation"] = r.escalation.to_record()
         decision["dispatch_ms_before_enqueue"] = ms_since(started)
         self.hub.expect(engine, req.request_id)  # its stream then needs no backlog read (hub.py)
         enqueued = False

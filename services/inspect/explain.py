@@ -72,6 +72,8 @@ class Explanation:
     delta_s: float
     recheck: Recheck | None  # only for Algorithm 1 on L[m]
     brownout: Mapping[str, Any] | None  # from, to, max_queue_s, margin: the chosen engine was full
+    moved: Mapping[str, Any] | None  # from, to, margin: the program's engine was dead
+    escalation: Mapping[str, Any] | None  # weighed after a failed tool result (EscalationCheck's record)
     degraded: tuple[str, ...]
     predicted_tokens: int
     predicted_tokens_p90: int
@@ -182,6 +184,13 @@ def reasons(e: Explanation) -> tuple[str, ...]:
             f"policy {e.policy} chose {chosen.engine} ({chosen.model}) with {label} {chosen.cost:.1f}"
             + ("; it has no slack or margin test" if chosen.slack_ok is None else "")
         )
+    if e.moved:
+        out.append(
+            f"moved: its program's engine {e.moved.get('from')} was not alive, so it went to "
+            f"{e.moved.get('to')} (the same model, or one the router scores within {e.moved.get('margin')})"
+        )
+    if e.escalation:
+        out.append(escalation_reason(e.escalation, e.tau, e.delta_s))
     if e.brownout:
         b = e.brownout
         out.append(
@@ -209,6 +218,28 @@ def reasons(e: Explanation) -> tuple[str, ...]:
     else:
         out.append(f"no longer waiting: state {e.state}")
     return tuple(out)
+
+
+def escalation_reason(x: Mapping[str, Any], tau: float, delta_s: float) -> str:
+    """The sentence of an escalation record (``services.policy.escalation.Escalation.to_record``)."""
+    head = (
+        f"the last tool result failed on {x.get('from')} (q={_num(x.get('confidence')):.3f}; staying costs "
+        f"{_num(x.get('stay_ms')):.0f} ms)"
+    )
+    checks = list(x.get("checks") or ())
+    chosen = next((c for c in checks if c.get("engine") == x.get("to")), None)
+    if chosen is not None:
+        q, move, prefix = (_num(chosen[k]) for k in ("confidence", "move_ms", "prefix_ms"))
+        return (
+            f"{head}, so it escalated to {chosen['engine']} ({chosen['model']}): q={q:.3f} is at least "
+            f"delta_s={delta_s:g} above, and its cost {move:.0f} ms (with {prefix:.0f} ms to prefill the "
+            f"{x.get('prefix_tokens')}-token history again) is within (1 + tau={tau:g}) of staying"
+        )
+    why = [
+        f"{c.get('engine')} " + ("is over the slack" if c.get("stronger") else "is not stronger by delta_s")
+        for c in checks
+    ]
+    return f"{head}; it stays: " + ("; ".join(why) if why else "no engine of another rated model is alive")
 
 
 async def _find_engine(redis: Redis, keys: Keys, request_id: str) -> str:
@@ -264,6 +295,8 @@ async def explain(
         if candidates and selection.get("cost_name") == ALGORITHM1_COST
         else None,
         brownout=d.get("brownout"),
+        moved=d.get("moved"),
+        escalation=d.get("escalation"),
         degraded=tuple(str(x) for x in d.get("degraded", ())),
         predicted_tokens=int(_num(h.get(f.Y))),
         predicted_tokens_p90=int(_num(h.get(f.Y90))),

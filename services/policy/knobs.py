@@ -20,6 +20,9 @@ class Knobs:
     # Most tokens a tenant over its fair share is penalised (services.policy.fairness); 0: no fairness term.
     # The aging bound grows by at most fair_cap_tokens / aging_rate seconds (205 s at the defaults).
     fair_cap_tokens: int = 4096
+    # Escalation after a failed tool result (services.policy.escalation): off until the live agent benchmark
+    # says it pays.
+    escalate: bool = False
 
     def __post_init__(self) -> None:
         if not (self.tau >= 0 and self.delta_s >= 0):

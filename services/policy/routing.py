@@ -17,7 +17,7 @@ from services.policy.estimates import load_ms_per_token
 from services.policy.fairness import fairness_delay_s
 from services.policy.knobs import Knobs
 
-Branch = Literal["new", "pinned", "reuse", "moved"]
+Branch = Literal["new", "pinned", "reuse", "moved", "escalated"]
 
 
 class AffinityConflict(ValueError):
