@@ -130,6 +130,10 @@ bench-live: proto  ## one Poisson trace of held-out HumanEval planner->coder wor
 	nice -n 19 $(PY) -m bench.live $(if $(POLICIES),--policies $(POLICIES))
 	$(PY) -m bench.learned.real  # folds the live figures into real.json
 
+.PHONY: bench-agent-live
+bench-agent-live: proto  ## the coding agent live: 48 held-out problems as run_tests loops per policy (each model alone, least-loaded, Chimera, Chimera with escalation) on the real Qwen2.5-Coder 0.5B/1.5B engines, paired bootstrap (bench/results/agent_live.*; per policy, resumable; POLICIES= a subset; ~3 h on 2 cores)
+	nice -n 19 $(PY) -m bench.live.agent $(if $(POLICIES),--policies $(POLICIES))
+
 .PHONY: bench-live-seeds
 SEEDS ?= 1 2 3
 SEED_POLICIES ?= least-loaded chimera-tau0.5
