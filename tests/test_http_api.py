@@ -614,3 +614,40 @@ async def test_a_streamed_turn_is_remembered_before_its_caller_sees_the_end(http
         "continuation",
         program,
     )
+
+
+async def test_a_loop_without_headers_reaches_the_predictor_with_its_state(http: Http) -> None:
+    """A header-less conversation that offers tools is an open loop: its stages carry the loop's state (the
+    turn, what the program attained, the last stage's output) to the predictor, as the request's payload."""
+    first = await http.client.chat.completions.with_raw_response.create(
+        model="auto", messages=MESSAGES, tools=[ADD_TOOL]
+    )
+    turns: list[Any] = [*MESSAGES, {"role": "assistant", "content": first.parse().choices[0].message.content}]
+    turns.append({"role": "user", "content": "go on"})
+    raw = await http.client.chat.completions.with_raw_response.create(
+        model="auto", messages=turns, tools=[ADD_TOOL]
+    )
+    assert raw.headers["x-chimera-identity"] == "continuation"
+    states = []
+    for r in (first, raw):
+        _, fields = await _request_fields(http, r.headers["x-chimera-request-id"])
+        states.append(json.loads(fields["payload"])["loop"])
+    # The fake worker answers 2 tokens per stage.
+    assert states[0] == {
+        "turn": 0,
+        "attained_tokens": 0,
+        "last_tool_failed": False,
+        "last_tool_chars": 0,
+        "last_output_tokens": 0,
+    }
+    assert states[1] == {
+        "turn": 1,
+        "attained_tokens": 2,
+        "last_tool_failed": False,
+        "last_tool_chars": 0,
+        "last_output_tokens": 2,
+    }
+    # Without tools the same conversation is a chat, not a loop.
+    plain = await http.client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES)
+    _, fields = await _request_fields(http, plain.headers["x-chimera-request-id"])
+    assert json.loads(fields["payload"])["loop"] is None

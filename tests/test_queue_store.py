@@ -131,6 +131,7 @@ async def test_credit_adds_to_a_live_program_and_never_revives_an_ended_one(
     await _assign(q, "p", "e1", "m1", "wf", 0, "r0", 60, {})
     assert await q.credit_program("p", 30) == 30
     assert await q.credit_program("p", 12) == 42
+    assert await redis_client.hget(keys.program("p"), "last_output") == "12"
     assert await redis_client.ttl(keys.program("p")) > 0  # the TTL the assign script set is kept
 
 
@@ -144,6 +145,7 @@ async def test_completion_credits_its_program_in_the_same_step(redis_client: Red
     claimed = (await q.claim("e0", "w1", 1, lease_s=5))[0]
     assert await q.complete(claimed, StageResult("hi", "stop", 3, 7), None)
     assert await redis_client.hget(keys.program("p1"), "attained") == "7"
+    assert await redis_client.hget(keys.program("p1"), "last_output") == "7"  # an open loop's feature
     assert not await q.complete(claimed, StageResult("hi", "stop", 3, 7), None)  # fenced: no second credit
     assert await redis_client.hget(keys.program("p1"), "attained") == "7"
     await q.enqueue("e0", _req("b", program="ended"), Prediction(10, 20), 10.0, time.time(), {})

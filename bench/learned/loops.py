@@ -10,10 +10,12 @@ order; ``services.predictor.training.kendall_tau_distance``):
 - **per-request SJF**: the length of this turn alone, predicted as the last turn's output (a loop resubmits
   code of about the same size), and for a first turn the mean first turn of its model in the training folds;
 - **least attained service** (llm-d's order for programs): the output tokens the loop produced so far;
-- **the open-loop predictor**: quantile regression forests (``quantile-forest``, as the product's predictor)
-  of what remains, from what a scheduler knows when the turn waits: the turn index, the output and prompt
-  tokens so far, whether the last tool result was a failure and how long it was, the model. Its p90 is
-  checked for coverage (the share of moments whose remaining work is at most the p90).
+- **the open-loop predictor**: the forest the predictor serves for open loops (``services.predictor.loops``,
+  with its defaults) of what remains, from what a scheduler knows when the turn waits: the turn index, the
+  output tokens so far, whether the last tool result was a failure and how long it was, the previous turn's
+  output, the model. Its p90 is checked for coverage (the share of moments whose remaining work is at most
+  the p90). Beside it, the same forest given the engine's prompt count as well, which serving does not have
+  before the stage runs: what that count would be worth.
 
 Folds are held out by problem (5, grouped), so no problem's loop is both learnt from and judged.
 ``python -m bench.learned.loops`` writes ``bench/results/agent_loops.json`` and ``.md``.
@@ -25,7 +27,6 @@ import argparse
 import json
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,92 +36,64 @@ from sklearn.model_selection import GroupKFold
 
 from bench.common.markdown import table
 from bench.common.paths import DATA, RESULTS, dataset_commit
+from services.predictor.loops import FEATURES, LoopForest, LoopMoment, loop_moments, read_loops
 from services.predictor.training import kendall_tau_distance
 
 LOOPS = DATA / "agent" / "loops.jsonl"
 FOLDS = 5
 
 
-@dataclass(frozen=True, slots=True)
-class Moment:
-    """One waiting turn of one loop, as a scheduler sees it, and what remained after it."""
-
-    problem_id: str
-    engine: str
-    turn: int
-    attained: int  # output tokens of the loop's earlier turns
-    prompt_tokens: int  # of this turn
-    last_failed: bool
-    last_report_chars: int
-    last_output: int  # the previous turn's output tokens (0 for a first turn)
-    output: int  # this turn's output tokens (hindsight: what per-request SJF would like to know)
-    remaining: int  # output tokens of this turn and every later one
-
-
-def moments(rows: Sequence[dict[str, Any]]) -> list[Moment]:
-    out = []
-    for r in rows:
-        turns = r["turns"]
-        outputs = [int(t["completion_tokens"]) for t in turns]
-        for k, t in enumerate(turns):
-            prev = turns[k - 1] if k else None
-            out.append(
-                Moment(
-                    problem_id=r["problem_id"],
-                    engine=r["engine"],
-                    turn=k,
-                    attained=sum(outputs[:k]),
-                    prompt_tokens=int(t["prompt_tokens"]),
-                    last_failed=bool(prev and not prev["passed"]),
-                    last_report_chars=int(prev["tool_result_chars"]) if prev else 0,
-                    last_output=outputs[k - 1] if k else 0,
-                    output=outputs[k],
-                    remaining=sum(outputs[k:]),
-                )
-            )
-    return out
-
-
-def _features(ms: Sequence[Moment], engines: Sequence[str]) -> np.ndarray:
+def _with_prompt(ms: Sequence[LoopMoment], models: Sequence[str]) -> np.ndarray:
+    """The served forest's features plus the engine's prompt count, which serving does not have: how much
+    that count would buy (``services.predictor.loops`` says why it is left out)."""
     return np.array(
         [
-            [m.turn, m.attained, m.prompt_tokens, m.last_failed, m.last_report_chars, m.last_output]
-            + [m.engine == e for e in engines]
+            [m.state.turn, m.state.attained_tokens, m.prompt_tokens, m.state.last_tool_failed]
+            + [m.state.last_tool_chars, m.state.last_output_tokens]
+            + [m.model == e for e in models]
             for m in ms
         ],
         dtype=np.float64,
     )
 
 
-def evaluate(ms: Sequence[Moment], seed: int = 0) -> dict[str, Any]:
+def evaluate(ms: Sequence[LoopMoment], seed: int = 0) -> dict[str, Any]:
     """Held-out order keys for every moment, then each key's Kendall-tau distance and the p90's coverage."""
-    engines = sorted({m.engine for m in ms})
-    x, y = _features(ms, engines), np.array([m.remaining for m in ms], dtype=np.float64)
+    models = sorted({m.model for m in ms})
+    y = np.array([m.remaining for m in ms], dtype=np.float64)
     groups = [m.problem_id for m in ms]
-    p50, p90, sjf = np.zeros(len(ms)), np.zeros(len(ms)), np.zeros(len(ms))
+    p50, p90, sjf, p50_prompt = (np.zeros(len(ms)) for _ in range(4))
+    x_prompt = _with_prompt(ms, models)
     n_folds = min(FOLDS, len(set(groups)))
-    for train, test in GroupKFold(n_splits=n_folds).split(x, y, groups):
-        qrf = RandomForestQuantileRegressor(n_estimators=200, min_samples_leaf=3, random_state=seed)
-        qrf.fit(x[train], y[train])
-        q = qrf.predict(x[test], quantiles=[0.5, 0.9])
+    for train, test in GroupKFold(n_splits=n_folds).split(x_prompt, y, groups):
+        # The forest the predictor serves, with its defaults, fitted on the training folds.
+        served = LoopForest(seed=seed).fit([ms[i] for i in train])
+        q = served.predict([ms[i].state for i in test], [ms[i].model for i in test], (0.5, 0.9))
         p50[test], p90[test] = q[:, 0], q[:, 1]
+        ref = RandomForestQuantileRegressor(n_estimators=200, min_samples_leaf=3, random_state=seed)
+        ref.fit(x_prompt[train], y[train])
+        p50_prompt[test] = ref.predict(x_prompt[test], quantiles=[0.5])
         # Per-request SJF's guess for a first turn: its model's mean first turn in the training folds.
         first = {
-            e: statistics.fmean([ms[i].output for i in train if ms[i].turn == 0 and ms[i].engine == e] or [0])
-            for e in engines
+            e: statistics.fmean(
+                [ms[i].output for i in train if ms[i].state.turn == 0 and ms[i].model == e] or [0]
+            )
+            for e in models
         }
         for i in test:
-            sjf[i] = ms[i].last_output if ms[i].turn else first[ms[i].engine]
-    las = np.array([m.attained for m in ms], dtype=np.float64)
+            sjf[i] = ms[i].state.last_output_tokens if ms[i].state.turn else first[ms[i].model]
+    las = np.array([m.state.attained_tokens for m in ms], dtype=np.float64)
     return {
         "moments": len(ms),
-        "loops": sum(m.turn == 0 for m in ms),
+        "loops": sum(m.state.turn == 0 for m in ms),
         "problems": len(set(groups)),
         "folds": n_folds,
+        "features": list(FEATURES) + ["model"],
         "kendall_tau_distance": {
             "open_loop_predictor": kendall_tau_distance(y, p50, seed),
             "least_attained_service": kendall_tau_distance(y, las, seed),
             "per_request_sjf": kendall_tau_distance(y, sjf, seed),
+            "with_the_engine_prompt_count": kendall_tau_distance(y, p50_prompt, seed),
         },
         "p90_coverage": float(np.mean(y <= p90)),
         "remaining_tokens": {"mean": float(y.mean()), "median": float(np.median(y)), "max": float(y.max())},
@@ -135,6 +108,7 @@ def report(result: dict[str, Any]) -> str:
             ("open_loop_predictor", k["open_loop_predictor"]),
             ("least_attained_service", k["least_attained_service"]),
             ("per_request_sjf", k["per_request_sjf"]),
+            ("the forest with the engine's prompt count (not served)", k["with_the_engine_prompt_count"]),
         )
     ]
     lines = [
@@ -167,8 +141,8 @@ def main() -> None:
     ap.add_argument("--loops", type=Path, default=LOOPS)
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
-    rows = [json.loads(x) for x in args.loops.read_text().splitlines() if x.strip()]
-    result = evaluate(moments(rows))
+    rows = read_loops(args.loops)
+    result = evaluate(loop_moments(rows))
     result |= {
         "passed_after_a_failure": sum(bool(r["passed"]) and len(r["turns"]) > 1 for r in rows),
         "command": "python -m bench.learned.loops",

@@ -346,6 +346,7 @@ class ProgramField:
     CREATED: Final = "created"
     UPDATED: Final = "updated"
     ATTAINED: Final = "attained"
+    LAST_OUTPUT: Final = "last_output"  # output tokens of the last finished stage (an open loop's feature)
 
 
 class ProfileField:

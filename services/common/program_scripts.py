@@ -34,10 +34,12 @@ return {'ok', f[1], f[2]}
 
 # KEYS: program
 # ARGV: tokens
-# Credits a finished stage's output tokens to its program's attained service (what MLFQ orders by). A
+# Credits a finished stage's output tokens to its program's attained service (what MLFQ orders by) and
+# keeps them as its last stage's output (what the predictor of open loops reads). A
 # program already ended or expired is left alone: HINCRBY alone would re-create it without a TTL.
 CREDIT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'last_output', ARGV[1])
 return redis.call('HINCRBY', KEYS[1], 'attained', ARGV[1])
 """
 

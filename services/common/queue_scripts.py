@@ -235,6 +235,7 @@ local f = redis.call('HMGET', KEYS[1], 'attempt', 'state')
 if f[1] ~= ARGV[2] or f[2] ~= 'running' then return 0 end
 if KEYS[8] and redis.call('EXISTS', KEYS[8]) == 1 then
   redis.call('HINCRBY', KEYS[8], 'attained', ARGV[11])
+  redis.call('HSET', KEYS[8], 'last_output', ARGV[11])
 end
 redis.call('ZREM', KEYS[2], ARGV[1])
 release(KEYS[3], KEYS[4], ARGV[1])

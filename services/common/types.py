@@ -52,6 +52,18 @@ class SamplingParams:
 
 
 @dataclass(frozen=True, slots=True)
+class LoopState:
+    """Where an open agent loop stands when its next stage waits: what the predictor of open loops reads
+    (``services.predictor.loops``), all of it known before the stage runs."""
+
+    turn: int  # the stage index
+    attained_tokens: int  # output tokens of the program's finished stages
+    last_tool_failed: bool  # the tool results this stage answers include a failure
+    last_tool_chars: int  # their length, in characters
+    last_output_tokens: int  # the previous stage's output tokens (0 on a first stage)
+
+
+@dataclass(frozen=True, slots=True)
 class StageRequest:
     """One stage of one workflow, as validated by the front door."""
 
@@ -79,6 +91,9 @@ class StageRequest:
     # How its program was found: a client's id, a session id, the conversation it continues, or none
     # (services.dispatcher.intake.IdentitySource). The decision record keeps it for `chimera explain`.
     identity: str = "header"
+    # Set on a stage of an open agent loop (a program nobody named that offers or answers tools): the
+    # predictor then predicts from the loop's state, not from a workflow it does not have.
+    loop: LoopState | None = None
 
     def system_text(self) -> str:
         return "\n".join(m.content for m in self.messages if m.role == "system")
@@ -105,6 +120,8 @@ class StageRequest:
             d["tool_use"] = ToolUse.from_dict(d["tool_use"])
         if d.get("response_format") is not None:
             d["response_format"] = ResponseFormat(**d["response_format"])
+        if d.get("loop") is not None:
+            d["loop"] = LoopState(**d["loop"])
         return StageRequest(**d)
 
 

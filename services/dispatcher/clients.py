@@ -9,7 +9,8 @@ degrades; see ``dispatch``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol, TypeVar
+from dataclasses import asdict
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -67,10 +68,14 @@ class RouterClient:
 R = TypeVar("R")
 
 
-def feature_rows(request: StageRequest, models: Sequence[str], row: Callable[..., R]) -> list[R]:
-    """The predictor's feature rows for ``request``, one per model, built by ``row``: the gRPC message
-    (``PredictorClient``) or the in-process input (``inline.InlinePredictor``), from the same fields."""
+def feature_rows(
+    request: StageRequest, models: Sequence[str], row: Callable[..., R], loop: Callable[..., Any]
+) -> list[R]:
+    """The predictor's feature rows for ``request``, one per model, built by ``row`` and ``loop``: the gRPC
+    messages (``PredictorClient``) or the in-process input (``inline.InlinePredictor``), from the same
+    fields."""
     system, user, prompt = request.system_text(), request.user_text(), request.prompt_text()
+    extra = {} if request.loop is None else {"loop": loop(**asdict(request.loop))}
     return [
         row(
             model=m,
@@ -79,6 +84,7 @@ def feature_rows(request: StageRequest, models: Sequence[str], row: Callable[...
             system_text=system,
             user_text=user,
             prompt_text=prompt,
+            **extra,
         )
         for m in models
     ]
@@ -96,7 +102,8 @@ class PredictorClient:
         self, asks: Sequence[tuple[StageRequest, Sequence[str]]]
     ) -> list[Mapping[str, Prediction]]:
         """Predictions for several requests (each on its models), in one call."""
-        rows = [r for ask, models in asks for r in feature_rows(ask, models, predictor_pb2.FeatureRow)]
+        pb = predictor_pb2
+        rows = [r for ask, models in asks for r in feature_rows(ask, models, pb.FeatureRow, pb.LoopState)]
         req = predictor_pb2.PredictRequest(rows=rows, quantiles=list(QUANTILES))
         try:
             resp = await self._stub.Predict(req, timeout=self._timeout_s)

@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry
 from services.common.artifacts import ArtifactError, load_meta, load_version
 from services.common.metrics import ModelServiceMetrics
 from services.common.model_service import ModelServiceSettings, model_collector
-from services.common.types import Prediction, StageRequest
+from services.common.types import LoopState, Prediction, StageRequest
 from services.dispatcher.clients import (
     QUANTILES,
     ConfidenceSource,
@@ -97,7 +97,7 @@ class InlinePredictor:
         self._timeout_s = timeout_s
 
     async def predict(self, request: StageRequest, models: Sequence[str]) -> Mapping[str, Prediction]:
-        rows = feature_rows(request, models, PredictorInput)
+        rows = feature_rows(request, models, PredictorInput, LoopState)
         async with asyncio.timeout(self._timeout_s):
             out = await self._service.predict(rows, WIRE_QUANTILES)
         quantiles = [wire_float(q) for q in out.quantiles]

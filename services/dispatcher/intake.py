@@ -17,6 +17,7 @@ from services.common.chat import ResponseFormat, ToolUse
 from services.common.keys import ProgramField
 from services.common.types import ChatMessage, SamplingParams, StageRequest
 from services.dispatcher.config import DispatcherSettings
+from services.dispatcher.tool_results import loop_state
 from services.dispatcher.validate import (
     Limits,
     check_id,
@@ -134,4 +135,4 @@ def admit(
     req = stage_request(intake, stage, settings, now)
     validate_request(req, limits)
     check_stage_skip(req.stage, program, limits.max_stage_skip)
-    return req
+    return replace(req, loop=loop_state(req, program))

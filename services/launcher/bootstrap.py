@@ -7,6 +7,9 @@ Its first models learn from two sources, per model of the pool:
 - **real** (``LauncherSettings.real_traces``, by default bench/data/real): verified workflows of that very
   model, collected through Chimera and checked by the sandboxed verifier. Rows count for a pool model when
   their ``model`` name is the engine's.
+- **real loops** (``LauncherSettings.real_loops``, by default bench/data/agent/loops.jsonl): the coding
+  agent's recorded loops on that model, which the predictor's forest of open loops learns from
+  (``services.predictor.loops``); a model without them has its loops predicted as workflows.
 - **synthetic**, only for a model no real trace covers: the workload's outcome model for the engine's
   ``stand_in`` paper model (``services.workload.outcome``: seeded and calibrated to the paper's published
   statistics, not a measurement of the engine). Rows carry the engine's own model name, so the services need
@@ -29,6 +32,7 @@ from services.common import artifacts
 from services.common.tracestore import read_trace_folder, write_jsonl
 from services.common.types import OutcomeRow, TraceRow
 from services.launcher.pool import PoolSpec
+from services.predictor.loops import LoopMoment, loop_moments, read_loops
 from services.predictor.training import train_predictor
 from services.router.training import train_router
 from services.workload.corpus import embedded_corpus, load_corpus
@@ -38,6 +42,8 @@ from services.workload.outcome import OutcomeModel
 log = logging.getLogger(__name__)
 
 PROVENANCE_FILE = "bootstrap.json"
+# What a bootstrap is trained on: real workflows per model, the models left synthetic, real loops per model.
+Plan = tuple[dict[str, int], tuple[str, ...], dict[str, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,14 +61,16 @@ class Provenance:
     real_folder: str = ""
     router: str = ""  # the versions this bootstrap published
     predictor: str = ""
+    loops: dict[str, int] = field(default_factory=dict)  # model -> recorded agent loops
 
-    def plan(self) -> tuple[dict[str, int], tuple[str, ...]]:
-        return self.real, self.synthetic
+    def plan(self) -> Plan:
+        return self.real, self.synthetic, self.loops
 
     def describe(self) -> str:
         real = ", ".join(f"{m} ({n} real workflows)" for m, n in sorted(self.real.items()))
         synthetic = ", ".join(f"{m} (synthetic stand-in)" for m in self.synthetic)
-        return "; ".join(p for p in (real, synthetic) if p)
+        loops = ", ".join(f"{m} ({n} real agent loops)" for m, n in sorted(self.loops.items()))
+        return "; ".join(p for p in (real, synthetic, loops) if p)
 
 
 def bindings(pool: PoolSpec, models: set[str] | None = None) -> list[Binding]:
@@ -85,6 +93,12 @@ def real_rows(pool: PoolSpec, folder: Path | None) -> tuple[list[TraceRow], list
     return [t for t in traces if t.program_id in labelled], outcomes
 
 
+def real_loops(pool: PoolSpec, path: Path | None) -> list[LoopMoment]:
+    """Every turn of the recorded loops at ``path`` that ran on a model of the pool."""
+    models = set(pool.models)
+    return [m for m in loop_moments(read_loops(path)) if m.model in models] if path else []
+
+
 def ensure_artifacts(
     pool: PoolSpec,
     root: Path,
@@ -92,6 +106,7 @@ def ensure_artifacts(
     seed: int,
     embedded: bool = False,
     real_folder: Path | None = None,
+    loops_file: Path | None = None,
 ) -> ArtifactDirs:
     """Train bootstrap artifacts under ``root`` unless both services already have a current version that
     knows every model of the pool and was not a bootstrap trained on less than is available now."""
@@ -99,7 +114,9 @@ def ensure_artifacts(
     traces, outcomes = real_rows(pool, real_folder)
     real = dict(Counter(o.model for o in outcomes))
     synthetic = tuple(m for m in pool.models if m not in real)
-    if _current(dirs, pool, root, (real, synthetic)):
+    moments = real_loops(pool, loops_file)
+    loops = dict(Counter(m.model for m in moments if m.state.turn == 0))
+    if _current(dirs, pool, root, (real, synthetic, loops)):
         return dirs
     if synthetic:
         corpus = embedded_corpus() if embedded else load_corpus()
@@ -119,8 +136,8 @@ def ensure_artifacts(
     write_jsonl(trace_dir / "traces.jsonl", traces)
     write_jsonl(trace_dir / "outcomes.jsonl", outcomes)
     router = train_router(traces, outcomes, root)
-    predictor = train_predictor(traces, root)
-    made = Provenance(real, synthetic, str(real_folder or ""), router.version, predictor.version)
+    predictor = train_predictor(traces, root, loops=moments)
+    made = Provenance(real, synthetic, str(real_folder or ""), router.version, predictor.version, loops)
     (root / PROVENANCE_FILE).write_text(json.dumps(asdict(made), indent=1) + "\n")
     log.info("bootstrap trained on: %s", made.describe())
     log.info(
@@ -144,12 +161,11 @@ def read_provenance(root: Path) -> Provenance | None:
         real_folder=str(raw.get("real_folder", "")),
         router=str(raw.get("router", "")),
         predictor=str(raw.get("predictor", "")),
+        loops={str(k): int(v) for k, v in raw.get("loops", {}).items()},
     )
 
 
-def _current(
-    dirs: ArtifactDirs, pool: PoolSpec, root: Path, plan: tuple[dict[str, int], tuple[str, ...]]
-) -> bool:
+def _current(dirs: ArtifactDirs, pool: PoolSpec, root: Path, plan: Plan) -> bool:
     """Whether the current versions can stay: they know the pool, and are the operator's or a bootstrap of
     exactly ``plan``."""
     if not (_covers(dirs.router, pool) and _covers(dirs.predictor, pool)):
@@ -167,10 +183,10 @@ def _current(
         return True  # trained since by the operator or the retrain job: theirs to keep
     if made.plan() != plan:
         log.warning(
-            "%s: the bootstrap was trained on %s; retraining on the real traces there are now (%s)",
+            "%s: the bootstrap was trained on %s; retraining on the real traces and loops there are now (%s)",
             root,
             made.describe(),
-            ", ".join(f"{m}: {n}" for m, n in sorted(plan[0].items())) or "none",
+            Provenance(plan[0], plan[1], loops=plan[2]).describe() or "none",
         )
         return False
     return True

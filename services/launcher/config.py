@@ -14,6 +14,8 @@ from services.common.config import CommonSettings
 # The real verified workflows committed with the source (bench/data/real/README.md); absent in an image
 # built without bench/, where every model falls back to the synthetic bootstrap.
 REAL_TRACES = Path(__file__).resolve().parents[2] / "bench" / "data" / "real"
+# The real coding-agent loops (bench/data/agent/README.md): what the predictor of open loops learns from.
+REAL_LOOPS = Path(__file__).resolve().parents[2] / "bench" / "data" / "agent" / "loops.jsonl"
 
 
 class LauncherSettings(CommonSettings):
@@ -57,6 +59,11 @@ class LauncherSettings(CommonSettings):
         REAL_TRACES,
         description="verified traces of real engines (traces*.jsonl, outcomes.jsonl) that the first router "
         "and predictor learn from for the pool models they cover; the synthetic bootstrap fills in the rest",
+    )
+    real_loops: Path | None = Field(
+        REAL_LOOPS,
+        description="recorded agent loops (loops.jsonl) the first predictor's forest of open loops learns "
+        "from, for the pool models they cover; without them an open loop's stages are predicted as workflows",
     )
     seed: int = Field(0, description="seed of the bootstrap traces")
     embedded_corpus: bool = Field(

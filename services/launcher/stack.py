@@ -219,6 +219,7 @@ def running_stack(
             settings.seed,
             settings.embedded_corpus,
             settings.real_traces,
+            settings.real_loops,
         )
         picker = _Ports(host)
         # Inline, the dispatchers run the models themselves: no router or predictor process, port or probe.

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from services.common.tokens import approx_tokens
-from services.common.types import TraceRow
+from services.common.types import LoopState, TraceRow
 
 Matrix = npt.NDArray[np.float64]
 
@@ -32,6 +32,7 @@ class PredictorInput:
     system_text: str
     user_text: str
     prompt_text: str
+    loop: LoopState | None = None  # an open agent loop's state (services.predictor.loops)
 
     @staticmethod
     def from_trace(t: TraceRow) -> PredictorInput:

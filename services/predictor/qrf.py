@@ -15,6 +15,10 @@ returned or saved: with more, every predict call pays tens of milliseconds of th
 than a one-row prediction costs (offline-assets.md §4). Serving then goes through a flattened copy of each
 forest (``flatforest.py``) that gives the same quantiles several times faster; the fitted forests stay in
 the artifact so either path can be checked against the other.
+
+NOTE(loops): a stage of an open agent loop (``PredictorInput.loop`` set) is predicted by ``loops``, the
+forest of ``services.predictor.loops``, when the artifact has one for its model; every other row, and a
+loop on a model no recorded loop ran on, by the workflow forests.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from services.common.tracestore import remaining_tokens
 from services.common.types import TraceRow
 from services.predictor.features import CategoryFeatures, ConcatFeatures, CountFeatures, PredictorInput
 from services.predictor.flatforest import FlatForest
+from services.predictor.loops import LoopForest
 from services.predictor.sketch import TextSketch
 
 MIN_ROWS_PER_MODEL = 2
@@ -61,10 +66,11 @@ class QrfPredictor:
         )
         self._forests: dict[str, RandomForestQuantileRegressor] = {}
         self._flat: dict[str, FlatForest] = {}
+        self.loops: LoopForest | None = None  # set by training when recorded loops are given
 
     @property
     def models(self) -> tuple[str, ...]:
-        return tuple(sorted(self._forests))
+        return tuple(sorted(set(self._forests) | set(self.loops.models if self.loops else ())))
 
     def fit(self, rows: Sequence[TraceRow]) -> None:
         if not rows:
@@ -113,6 +119,17 @@ class QrfPredictor:
         out = np.empty((len(rows), len(qs)), dtype=np.float64)
         if not rows:
             return out
+        loops = self.loops
+        if loops is not None:
+            # NOTE(loops): the loop rows by their index, predicted apart; the rest goes on below.
+            states = {i: r.loop for i, r in enumerate(rows) if r.loop is not None and r.model in loops.models}
+            if states:
+                at = list(states)
+                out[at] = loops.predict(list(states.values()), [rows[i].model for i in at], qs)
+                rest = [i for i in range(len(rows)) if i not in states]
+                if rest:
+                    out[rest] = self._predict([rows[i] for i in rest], qs, flat)
+                return out
         unknown = sorted({r.model for r in rows} - set(self._forests))
         if unknown:
             raise KeyError(f"no forest for model(s) {unknown}")
@@ -134,6 +151,6 @@ class QrfPredictor:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Whatever saved this artifact, serve with one thread per forest (see NOTE(n_jobs)).
-        self.__dict__.update(state)
+        self.__dict__.update({"loops": None, **state})  # an artifact saved before loops had none
         for forest in self._forests.values():
             forest.set_params(n_jobs=1)

@@ -11,6 +11,7 @@ import grpc
 from chimera.predictor.v1 import predictor_pb2, predictor_pb2_grpc
 from services.common.metrics import ModelServiceMetrics
 from services.common.model_service import ModelServer, serve_until_signalled, status_codes
+from services.common.types import LoopState
 from services.predictor.backends import INLINE_BACKENDS
 from services.predictor.config import PredictorSettings
 from services.predictor.errors import BadRequestError, TooManyRowsError, UnknownModelError
@@ -25,6 +26,10 @@ _STATUS: dict[type[Exception], grpc.StatusCode] = {
     UnknownModelError: grpc.StatusCode.NOT_FOUND,
 }
 _status_codes = status_codes(_STATUS, "predictor")
+
+
+def loop_state(m: predictor_pb2.LoopState) -> LoopState:
+    return LoopState(m.turn, m.attained_tokens, m.last_tool_failed, m.last_tool_chars, m.last_output_tokens)
 
 
 class PredictorServicer(predictor_pb2_grpc.PredictorServicer):  # type: ignore[misc]
@@ -44,6 +49,7 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):  # type: ignore[m
                 system_text=r.system_text,
                 user_text=r.user_text,
                 prompt_text=r.prompt_text,
+                loop=loop_state(r.loop) if r.HasField("loop") else None,
             )
             for r in request.rows
         ]

@@ -5,8 +5,10 @@ Called by ``chimera train predictor`` and by the retraining Celery task; both pa
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,8 @@ from services.common.tracestore import held_out, remaining_tokens
 from services.common.types import TraceRow
 from services.predictor.backends import make_backend
 from services.predictor.features import PredictorInput
+from services.predictor.loops import LoopForest, LoopMoment
+from services.predictor.qrf import QrfPredictor
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +88,10 @@ def _mean(per_model: dict[str, dict[str, float | None]], key: str) -> float | No
     return float(np.mean([v for v in vals if v is not None])) if vals else None
 
 
-def predictor_data_hash(traces: Sequence[TraceRow]) -> str:
+def predictor_data_hash(traces: Sequence[TraceRow], loops: Sequence[LoopMoment] = ()) -> str:
     """The ``data_hash`` a predictor artifact records for these rows (lets a retrain job skip a no-op)."""
-    return artifacts.data_hash(t.to_json() for t in traces)
+    rows = [t.to_json() for t in traces] + [json.dumps(asdict(m), sort_keys=True) for m in loops]
+    return artifacts.data_hash(rows)
 
 
 def train_predictor(
@@ -95,12 +100,17 @@ def train_predictor(
     backend: str = "qrf",
     holdout: float = 0.2,
     make_current: bool = True,
+    loops: Sequence[LoopMoment] = (),
 ) -> artifacts.ArtifactMeta:
     """Fit ``backend`` and publish it under ``out_dir / "predictor"``; returns the new version's metadata.
 
     ``out_dir`` is the artifacts root shared with the router. Targets are computed on all traces before the
     split, so a held-out stage's target still counts its program's later stages. The published model is the
     one fitted on the training programs, i.e. the one the held-out metrics describe.
+
+    ``loops``: recorded agent loops (``services.predictor.loops``); the qrf backend then also serves the
+    stages of open loops from a forest fitted on all of them (``bench/results/agent_loops.md`` holds its
+    held-out figures, by problem).
     """
     if not 0.0 <= holdout < 1.0:
         raise ValueError("holdout must be in [0, 1)")
@@ -112,6 +122,10 @@ def train_predictor(
     test_y = [y for y, t in zip(targets, is_test, strict=True) if t]
     model = make_backend(backend)
     model.fit(train)
+    if loops:
+        if not isinstance(model, QrfPredictor):
+            raise ValueError(f"the {backend} backend has no forest for open loops; use qrf")
+        model.loops = LoopForest().fit(loops)
     per_model = evaluate(model.predict, test, test_y) if test else {}
     metrics: dict[str, Any] = {
         "train_rows": len(train),
@@ -120,13 +134,14 @@ def train_predictor(
         "kendall_tau_distance": _mean(per_model, "kendall_tau_distance"),
         "kendall_tau_distance_fcfs": _mean(per_model, "kendall_tau_distance_fcfs"),
         "kendall_tau_distance_input_length": _mean(per_model, "kendall_tau_distance_input_length"),
+        "loop_moments": len(loops),
     }
     meta = artifacts.publish(
         out_dir / KIND,
         model,
         kind=KIND,
         backend=model.name,
-        data_hash=predictor_data_hash(traces),
+        data_hash=predictor_data_hash(traces, loops),
         rows=len(traces),
         models=model.models,
         metrics=metrics,
