@@ -24,8 +24,14 @@ ENGINES = ("small", "big")
 
 @pytest.mark.unit
 def test_escalation_is_a_variant_of_a_policy_that_chooses() -> None:
-    policy, escalate = agent_policy("chimera-tau2-escalate", ENGINES)
-    assert (policy.dispatcher_policy, policy.tau, escalate) == ("chimera", 2.0, True)
+    policy, env = agent_policy("chimera-tau2-escalate", ENGINES)
+    assert (policy.dispatcher_policy, policy.tau, env) == (
+        "chimera",
+        2.0,
+        {"CHIMERA_DISPATCHER_ESCALATE": "1"},
+    )
+    _, env = agent_policy("chimera-tau2-no-continuation", ENGINES)
+    assert env == {"CHIMERA_DISPATCHER_ESCALATE": "0", "CHIMERA_DISPATCHER_CONTINUATION": "0"}
     assert agent_policy("alone-big", ENGINES)[0].pin == "alone-big"
     for name in ("alone-big-escalate", "least-loaded-escalate"):
         with pytest.raises(ValueError, match="escalation belongs"):
@@ -36,6 +42,7 @@ def test_escalation_is_a_variant_of_a_policy_that_chooses() -> None:
         "least-loaded",
         "chimera-tau2",
         "chimera-tau2-escalate",
+        "chimera-tau2-no-continuation",
     ]
 
 

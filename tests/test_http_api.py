@@ -651,3 +651,31 @@ async def test_a_loop_without_headers_reaches_the_predictor_with_its_state(http:
     plain = await http.client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES)
     _, fields = await _request_fields(http, plain.headers["x-chimera-request-id"])
     assert json.loads(fields["payload"])["loop"] is None
+
+
+async def test_with_continuation_off_every_header_less_turn_is_a_new_program(
+    private_redis: PrivateRedis, keys: Keys, redis_client: Redis
+) -> None:
+    await register_engines(redis_client, keys)
+    async with (
+        fake_workers(QueueStore(redis_client, keys)),
+        fake_dependencies(private_redis, keys) as settings,
+        dispatcher_server(
+            settings.model_copy(update={"continuation": False}), redis_client, keys
+        ) as grpc_server,
+    ):
+        server = HttpServer(OpenAIFrontDoor(grpc_server.dispatcher).app(), "127.0.0.1", 0, 1.0)
+        port = await server.start()
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        try:
+            first = await client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES)
+            turns = [*MESSAGES, {"role": "assistant", "content": first.parse().choices[0].message.content}]
+            again = await client.chat.completions.with_raw_response.create(
+                model="auto", messages=[*turns, {"role": "user", "content": "and again"}]
+            )
+            assert [r.headers["x-chimera-identity"] for r in (first, again)] == ["new", "new"]
+            assert first.headers["x-chimera-program-id"] != again.headers["x-chimera-program-id"]
+            assert not [k async for k in redis_client.scan_iter(match=f"{keys.prefix}:conv:*")]
+        finally:
+            await client.close()
+            await server.stop()

@@ -56,6 +56,7 @@ from services.workload.corpus import Problem
 log = logging.getLogger("bench.live.agent")
 RESULT = "agent_live"
 ESCALATE = "-escalate"
+NO_CONTINUATION = "-no-continuation"
 SOURCES = ("humaneval", "leetcode")
 
 
@@ -76,23 +77,30 @@ class AgentLiveConfig:
         return out
 
 
-def agent_policy(name: str, engines: Sequence[str]) -> tuple[LivePolicy, bool]:
-    """A policy name as ``bench.live.plan.parse_policy`` reads it, and whether it escalates (a dispatcher
-    policy with ``-escalate``; a pinned one cannot)."""
+def agent_policy(name: str, engines: Sequence[str]) -> tuple[LivePolicy, dict[str, str]]:
+    """A policy name as ``bench.live.plan.parse_policy`` reads it, and the dispatcher settings its suffix
+    adds: ``-escalate`` (escalation after a failed tool result; only for a Chimera policy that chooses the
+    engine) or ``-no-continuation`` (no conversation continuation: every turn a new program, routed afresh,
+    which is what a pool without the loop's identity does to its prefix cache)."""
+    extra = {}
+    if name.endswith(NO_CONTINUATION):
+        name, extra = name.removesuffix(NO_CONTINUATION), {"CHIMERA_DISPATCHER_CONTINUATION": "0"}
     escalate = name.endswith(ESCALATE)
     policy = parse_policy(name.removesuffix(ESCALATE), engines)
     if escalate and (policy.pin or policy.dispatcher_policy == "vllm"):
         raise ValueError(f"{name}: escalation belongs to a Chimera policy that chooses the engine")
-    return policy, escalate
+    return policy, {"CHIMERA_DISPATCHER_ESCALATE": "1" if escalate else "0", **extra}
 
 
 def default_policies(engines: Sequence[str], tau: str = "2") -> list[str]:
-    """The must-show's five, the alone runs first."""
+    """The must-show's five, the alone runs first, then Chimera without continuation (the prefix cache
+    without the loop's affinity)."""
     return [
         *(f"{ALONE}{e}" for e in engines),
         "least-loaded",
         f"chimera-tau{tau}",
         f"chimera-tau{tau}{ESCALATE}",
+        f"chimera-tau{tau}{NO_CONTINUATION}",
     ]
 
 
@@ -201,14 +209,11 @@ def run_policy(
     key: AnswerKey,
     redis_url: str,
 ) -> dict[str, Any]:
-    policy, escalate = agent_policy(name, config.engines)
+    policy, extra = agent_policy(name, config.engines)
     models = {e.id: e.model for e in setup.pool.engines}
     pin = models[policy.pin.removeprefix(ALONE)] if policy.pin else ""
-    env = {
-        "CHIMERA_DISPATCHER_POLICY": policy.dispatcher_policy,
-        "CHIMERA_DISPATCHER_TAU": f"{policy.tau:g}",
-        "CHIMERA_DISPATCHER_ESCALATE": "1" if escalate else "0",
-    }
+    env = {"CHIMERA_DISPATCHER_POLICY": policy.dispatcher_policy, "CHIMERA_DISPATCHER_TAU": f"{policy.tau:g}"}
+    env |= extra
     offsets = arrival_offsets(config.tasks, config.rate, config.seed)
     started = time.time()
     with serving_stack(setup, redis_url, f"{KEY_PREFIX}agent{uuid.uuid4().hex[:8]}", env) as (stack, pinned):

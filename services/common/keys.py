@@ -91,6 +91,20 @@ class Keys:
         """
         return f"{self.prefix}:{{{engine}}}:inflight"
 
+    @key("HASH", "completion / dispatch / reaper scripts")
+    def paused(self, engine: str) -> str:
+        """Program id → predicted tokens its tool pause keeps in the engine's ``load`` (``pause_scripts``).
+
+        Set when a stage ends in tool calls, removed when the program's next stage is dispatched, when it
+        ends, or at its deadline. No TTL.
+        """
+        return f"{self.prefix}:{{{engine}}}:paused"
+
+    @key("ZSET", "completion / dispatch / reaper scripts")
+    def pause_deadlines(self, engine: str) -> str:
+        """Paused program ids; score = when the pause lapses (unix ms, the program row's idle TTL)."""
+        return f"{self.prefix}:{{{engine}}}:pause_deadlines"
+
     @key("ZSET", "worker claim / renew")
     def claims(self, engine: str) -> str:
         """Running request ids; score = lease deadline (unix ms).

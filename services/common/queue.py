@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.typing import EncodableT, KeyT, StreamIdT
 
+from services.common import pause_scripts as pause_lua
 from services.common import program_scripts as program_lua
 from services.common import queue_scripts as lua
 from services.common.chat import ToolCallPiece
@@ -34,6 +35,7 @@ from services.common.queue_records import (
     event_json,
     give_back_args,
     give_back_keys,
+    paused_tokens,
 )
 from services.common.redis_client import is_cluster
 from services.common.types import ClaimedRequest, Prediction, StageRequest, StageResult, TraceRow
@@ -77,6 +79,8 @@ class QueueStore:
         self._publish = redis.register_script(lua.PUBLISH)
         self._reattach = redis.register_script(lua.REATTACH)
         self._unassign = redis.register_script(program_lua.UNASSIGN)
+        self._resume = redis.register_script(pause_lua.RESUME)
+        self._expire_pauses = redis.register_script(pause_lua.EXPIRE_PAUSES)
         self._cluster = is_cluster(redis)  # a program and its engine's keys share no slot there
 
     @property
@@ -283,7 +287,9 @@ class QueueStore:
         # The program's attained service (what MLFQ orders by): once per completed stage, by the one attempt
         # that completed it; inside COMPLETE on a single Redis, after it on a cluster (another slot).
         tokens = max(0, result.completion_tokens)
-        done = await self._finish(claimed, state, event, trace, None if self._cluster else tokens, deltas)
+        pause = paused_tokens(claimed, result)
+        credit = None if self._cluster else tokens
+        done = await self._finish(claimed, state, event, trace, credit, deltas, pause)
         if done and self._cluster:
             await self.credit_program(claimed.request.program_id, tokens)
         return done
@@ -300,9 +306,11 @@ class QueueStore:
         trace: TraceRow | None,
         credit: int | None = None,
         deltas: Sequence[DeltaItem] = (),
+        pause: int = 0,
     ) -> bool:
         """COMPLETE, after ``deltas`` (PUBLISH) in one pipeline; ``credit``: output tokens to add to the
-        program's attained service in the same step."""
+        program's attained service in the same step; ``pause``: predicted tokens its tool pause keeps in
+        the engine's load (``pause_scripts``)."""
         k, rid, r = self._k, c.request.request_id, self.retention
         keys: list[KeyT] = [
             k.request(c.engine, rid),
@@ -312,6 +320,8 @@ class QueueStore:
             k.output(c.engine, rid),
             k.traces(c.engine),
             k.notify(c.engine),
+            k.paused(c.engine),
+            k.pause_deadlines(c.engine),
         ]
         args: list[EncodableT] = [
             rid,
@@ -324,6 +334,9 @@ class QueueStore:
             r.traces_maxlen,
             repr(time.time()),
             r.notify_maxlen,
+            c.request.program_id,
+            pause,
+            int(c.request.pause_ttl_s * 1000),
         ]
         if credit is not None:
             keys.append(k.program(c.request.program_id))
@@ -378,8 +391,19 @@ class QueueStore:
         )
         return str(st)
 
+    async def resume(self, engine: str, program_id: str) -> int:
+        """End the tool pause ``program_id`` holds on ``engine`` (its next stage is being dispatched, or it
+        ended); the tokens taken back from the engine's load (0: it held none there)."""
+        return int(await self._resume(keys=self._pause_keys(engine), args=[program_id]))
+
+    def _pause_keys(self, engine: str) -> list[KeyT]:
+        k = self._k
+        return [k.paused(engine), k.pause_deadlines(engine), k.engine_info(engine)]
+
     async def reap(self, engine: str) -> list[str]:
-        """Re-queue requests whose worker's lease expired. Returns the re-queued ids."""
+        """Re-queue requests whose worker's lease expired, and end tool pauses past their deadline. Returns
+        the re-queued ids."""
+        await self._expire_pauses(keys=self._pause_keys(engine), args=[])
         args = give_back_args(self._k, self.retention, engine, "cancelled; its worker died", time.time())
         ids = await self._reap(keys=give_back_keys(self._k, engine), args=args)
         if ids:

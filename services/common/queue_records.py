@@ -11,7 +11,7 @@ from typing import Any
 from redis.typing import EncodableT, KeyT
 
 from services.common.keys import Keys
-from services.common.types import Prediction
+from services.common.types import ClaimedRequest, Prediction, StageResult
 
 READ_BATCH = 512  # output events one read returns at most
 
@@ -98,3 +98,13 @@ def give_back_args(k: Keys, r: Retention, engine: str, cancelled_reason: str, no
         r.queue_ttl_s,
         cancelled_event(cancelled_reason),
     ]
+
+
+def paused_tokens(c: ClaimedRequest, result: StageResult) -> int:
+    """What a finished stage's tool pause keeps in its engine's load (``pause_scripts``): the program's
+    predicted remaining tokens less this stage's output, when the stage ended in tool calls of a program that
+    goes on (not its last stage) and the dispatcher gave it a pause deadline; else 0."""
+    req = c.request
+    if result.finish_reason != "tool_calls" or req.last_stage or req.pause_ttl_s <= 0:
+        return 0
+    return max(0, c.predicted - max(0, result.completion_tokens))

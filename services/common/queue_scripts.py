@@ -15,6 +15,8 @@ complete it a second time.
 
 from __future__ import annotations
 
+from services.common.pause_scripts import PAUSE
+
 # Release a request's in-flight accounting (the paper's I[m] entry) exactly once, and its tenant's part of it.
 # A tenant's request ids read ``tenant~id`` (services.dispatcher.tenancy; neither part holds a ``~``), so the
 # tenant is read back from the id: no script needs another argument to release it. Tenant "" (ids without
@@ -220,25 +222,32 @@ return {lost, cancel}
 """
 )
 
-# KEYS: req, claims, inflight, info, output, traces, notify[, program]
+# KEYS: req, claims, inflight, info, output, traces, notify, paused, pause_deadlines[, program]
 # ARGV: id, attempt, final_state, event_json, trace_json ('' for none), retention_s, stream_maxlen,
-#       traces_maxlen, now_s, notify_maxlen[, output_tokens]
+#       traces_maxlen, now_s, notify_maxlen, program_id, pause_tokens (0: none), pause_ms[, output_tokens]
 # Returns 1 if this attempt still held the request and finished it, 0 otherwise (nothing changed).
+# A stage that ends in tool calls keeps its program's predicted remaining work in the engine's load for
+# pause_ms (``pause_scripts``), in the same step, so the caller's next stage always finds it to take back.
 # With the program key (a single Redis; on a cluster the program lives in another slot and the worker credits
 # it in a call of its own, CREDIT), the stage's output tokens join the program's attained service in the same
 # step as the final event, so a caller's next stage always reads them; an ended program is never revived.
 COMPLETE = (
     _RELEASE
     + _EMIT
+    + _NOW_MS
+    + PAUSE
     + """
 local f = redis.call('HMGET', KEYS[1], 'attempt', 'state')
 if f[1] ~= ARGV[2] or f[2] ~= 'running' then return 0 end
-if KEYS[8] and redis.call('EXISTS', KEYS[8]) == 1 then
-  redis.call('HINCRBY', KEYS[8], 'attained', ARGV[11])
-  redis.call('HSET', KEYS[8], 'last_output', ARGV[11])
+if KEYS[10] and redis.call('EXISTS', KEYS[10]) == 1 then
+  redis.call('HINCRBY', KEYS[10], 'attained', ARGV[14])
+  redis.call('HSET', KEYS[10], 'last_output', ARGV[14])
 end
 redis.call('ZREM', KEYS[2], ARGV[1])
 release(KEYS[3], KEYS[4], ARGV[1])
+if tonumber(ARGV[12]) > 0 then
+  pause(KEYS[8], KEYS[9], KEYS[4], ARGV[11], tonumber(ARGV[12]), now_ms() + tonumber(ARGV[13]))
+end
 redis.call('HSET', KEYS[1], 'state', ARGV[3], 't_done', ARGV[9])
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 emit(KEYS[5], KEYS[7], ARGV[1], ARGV[4], ARGV[6], ARGV[10], ARGV[7])

@@ -94,6 +94,9 @@ class StageRequest:
     # Set on a stage of an open agent loop (a program nobody named that offers or answers tools): the
     # predictor then predicts from the loop's state, not from a workflow it does not have.
     loop: LoopState | None = None
+    # How long its program's tool pause may keep its predicted remaining work in the engine's load: the
+    # program row's idle TTL (services.common.pause_scripts); 0: no pause is kept.
+    pause_ttl_s: float = 0.0
 
     def system_text(self) -> str:
         return "\n".join(m.content for m in self.messages if m.role == "system")

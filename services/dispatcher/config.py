@@ -142,6 +142,12 @@ class DispatcherSettings(CommonSettings):
     program_ttl_s: int = Field(
         default=3600, ge=1, description="an idle program's assignment expires after this"
     )
+    continuation: bool = Field(
+        default=True,
+        description="find the program of a request no client named by the conversation it continues (a "
+        "digest of each answered conversation is kept conversation_ttl_s); off: each such request is a new "
+        "program, routed afresh",
+    )
     conversation_ttl_s: int = Field(
         default=600,
         ge=1,

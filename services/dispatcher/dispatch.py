@@ -278,6 +278,9 @@ class Dispatcher:
                 )
             engine, model, branch, browned_out_from = assigned, assigned_model, "reuse-race", ""
             max_load = 0  # it joins an admitted workflow
+        if program.get(ProgramField.ENGINE):
+            # Its tool pause ends where it held it (pause_scripts), before this stage's own ŷ is charged.
+            await self._redis(t, self.store.resume(program[ProgramField.ENGINE], req.program_id))
         fair = await self._redis(t, self.quotas.fair_term(engine, req.request_id))  # tenant "": no read
         t_enq = self._clock()
         t0 = time.perf_counter()

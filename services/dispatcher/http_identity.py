@@ -47,7 +47,7 @@ class RequestPrograms:
         """The request's program: named by the client, else its session, else the conversation it
         continues under ``tenant``, else a new one."""
         ident = resolve_identity(headers, metadata, prompt_cache_key)
-        if not ident.new:
+        if not ident.new or not self._d.settings.continuation:
             return ident
         continued = await self.conversations.find(tenant, pinned(model.strip()), messages)
         return ident if continued is None else ident.continuing(continued)
@@ -76,7 +76,8 @@ class RequestPrograms:
                     (final.text, final.tool_calls),
                     ident.program_id,
                     d.request.program_id,
-                    by_digest=ident.source != IdentitySource.SESSION,  # a session's id finds it again
+                    # A session's id finds it again; with continuation off, nothing looks the digest up.
+                    by_digest=ident.source != IdentitySource.SESSION and self._d.settings.continuation,
                 )
             )
         except (asyncio.CancelledError, DispatchError) as e:

@@ -135,4 +135,4 @@ def admit(
     req = stage_request(intake, stage, settings, now)
     validate_request(req, limits)
     check_stage_skip(req.stage, program, limits.max_stage_skip)
-    return replace(req, loop=loop_state(req, program))
+    return replace(req, loop=loop_state(req, program), pause_ttl_s=idle_ttl_s(req.identity, settings))

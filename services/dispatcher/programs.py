@@ -28,6 +28,8 @@ async def end_program(
     if engine and rid:
         state = await guarded(store.cancel(engine, rid, reason="program ended"))
         cancelled = int(state in ("queued", "running"))
+    if engine:
+        await guarded(store.resume(engine, program_id))  # a tool pause it held ends with it
     if outcome is not None:
         row = OutcomeRow(program_id, program.get(f.WORKFLOW, ""), program.get(f.MODEL, ""), engine, outcome)
         await guarded(r.xadd(k.outcomes(), {"row": row.to_json()}, maxlen=OUTCOMES_MAXLEN, approximate=True))
