@@ -32,6 +32,8 @@ def test_escalation_is_a_variant_of_a_policy_that_chooses() -> None:
     )
     _, env = agent_policy("chimera-tau2-no-continuation", ENGINES)
     assert env == {"CHIMERA_DISPATCHER_ESCALATE": "0", "CHIMERA_DISPATCHER_CONTINUATION": "0"}
+    policy, env = agent_policy("chimera-tau0.5-escalate3", ENGINES)
+    assert policy.tau == 0.5 and env["CHIMERA_DISPATCHER_ESCALATION_TAU"] == "3"
     assert agent_policy("alone-big", ENGINES)[0].pin == "alone-big"
     for name in ("alone-big-escalate", "least-loaded-escalate"):
         with pytest.raises(ValueError, match="escalation belongs"):
@@ -42,6 +44,7 @@ def test_escalation_is_a_variant_of_a_policy_that_chooses() -> None:
         "least-loaded",
         "chimera-tau2",
         "chimera-tau2-escalate",
+        "chimera-tau0.5-escalate3",
         "chimera-tau2-no-continuation",
     ]
 

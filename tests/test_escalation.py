@@ -60,6 +60,9 @@ def test_a_stronger_model_within_the_slack_takes_the_next_stage() -> None:
 def test_the_move_is_refused_by_its_slack_its_lost_prefix_or_its_load() -> None:
     pool = _pool()
     assert escalate(pool[0], pool, CONF, 500, Knobs(tau=0.5)).to is None  # 17,550 > 1.5 x 6,600
+    # The escalation's own slack, when set, stands in for the first stage's tau.
+    own = escalate(pool[0], pool, CONF, 500, Knobs(tau=0.5, escalation_tau=2.0))
+    assert own.to is not None and own.slack == 2.0
     # The same move with a long history: 5,000 tokens to prefill again cost 7,500 ms more (24,300 > 19,800).
     assert escalate(pool[0], pool, CONF, 5000, Knobs(tau=2.0)).to is None
     loaded = _pool(big_queued=8)

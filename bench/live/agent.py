@@ -29,6 +29,7 @@ import asyncio
 import json
 import logging
 import random
+import re
 import signal
 import sys
 import time
@@ -56,6 +57,7 @@ from services.workload.corpus import Problem
 log = logging.getLogger("bench.live.agent")
 RESULT = "agent_live"
 ESCALATE = "-escalate"
+_ESCALATE = re.compile(r"-escalate(\d+(?:\.\d+)?)?$")
 NO_CONTINUATION = "-no-continuation"
 SOURCES = ("humaneval", "leetcode")
 
@@ -79,27 +81,35 @@ class AgentLiveConfig:
 
 def agent_policy(name: str, engines: Sequence[str]) -> tuple[LivePolicy, dict[str, str]]:
     """A policy name as ``bench.live.plan.parse_policy`` reads it, and the dispatcher settings its suffix
-    adds: ``-escalate`` (escalation after a failed tool result; only for a Chimera policy that chooses the
-    engine) or ``-no-continuation`` (no conversation continuation: every turn a new program, routed afresh,
-    which is what a pool without the loop's identity does to its prefix cache)."""
-    extra = {}
+    adds: ``-escalate`` (escalation after a failed tool result, at tau's slack) or ``-escalate<y>`` (at a
+    slack of y), only for a Chimera policy that chooses the engine; ``-no-continuation`` (no conversation
+    continuation: every turn a new program, routed afresh, which is what a pool without the loop's identity
+    does to its prefix cache)."""
+    extra = {"CHIMERA_DISPATCHER_ESCALATE": "0"}
     if name.endswith(NO_CONTINUATION):
-        name, extra = name.removesuffix(NO_CONTINUATION), {"CHIMERA_DISPATCHER_CONTINUATION": "0"}
-    escalate = name.endswith(ESCALATE)
-    policy = parse_policy(name.removesuffix(ESCALATE), engines)
-    if escalate and (policy.pin or policy.dispatcher_policy == "vllm"):
+        name, extra["CHIMERA_DISPATCHER_CONTINUATION"] = name.removesuffix(NO_CONTINUATION), "0"
+    m = _ESCALATE.search(name)
+    if m:
+        extra["CHIMERA_DISPATCHER_ESCALATE"] = "1"
+        if m.group(1):
+            extra["CHIMERA_DISPATCHER_ESCALATION_TAU"] = m.group(1)
+    policy = parse_policy(name[: m.start()] if m else name, engines)
+    if m and (policy.pin or policy.dispatcher_policy == "vllm"):
         raise ValueError(f"{name}: escalation belongs to a Chimera policy that chooses the engine")
-    return policy, {"CHIMERA_DISPATCHER_ESCALATE": "1" if escalate else "0", **extra}
+    return policy, extra
 
 
 def default_policies(engines: Sequence[str], tau: str = "2") -> list[str]:
-    """The must-show's five, the alone runs first, then Chimera without continuation (the prefix cache
-    without the loop's affinity)."""
+    """The must-show's five, the alone runs first; then the cascade (the paper's tau on the first stage,
+    the escalation's own slack of 3: an idle 1.5B's completion plus an 800-token history's prefill is 2.8
+    times an idle 0.5B's by the measured profiles, so a slack of 3 lets a move through while the 1.5B's
+    queue is short) and Chimera without continuation (the prefix cache without the loop's affinity)."""
     return [
         *(f"{ALONE}{e}" for e in engines),
         "least-loaded",
         f"chimera-tau{tau}",
         f"chimera-tau{tau}{ESCALATE}",
+        f"chimera-tau0.5{ESCALATE}3",
         f"chimera-tau{tau}{NO_CONTINUATION}",
     ]
 

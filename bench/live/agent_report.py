@@ -91,7 +91,7 @@ def summarise(runs: Mapping[str, Mapping[str, Any]], engines: Sequence[str]) -> 
     chimera = [n for n in runs if n.startswith("chimera")]
     pairs = {n: {ref: _paired(_loops(runs[n]), _loops(runs[ref])) for ref in refs} for n in chimera}
     verdict = {}
-    for n in (x for x in chimera if x.endswith(ESCALATE)):
+    for n in (x for x in chimera if ESCALATE in x):
         if strong is None or LEAST_LOADED not in rows:
             continue
         me, big, ll = rows[n], rows[strong], rows[LEAST_LOADED]
@@ -153,7 +153,7 @@ def markdown(result: Mapping[str, Any]) -> str:
         f"Turns per engine: the share of turns on {' / '.join(engines)}.",
         "",
     ]
-    if s["paired"]:
+    if any(s["paired"].values()):
         out += ["## Paired by loop (90% bootstrap intervals)", ""]
         pairs = [
             [n, ref, _ci(p, "pass_diff", "+.3f"), _ci(p, "e2e_diff_s", "+.1f"), _ci(p, "e2e_ratio", ".3f")]

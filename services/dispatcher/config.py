@@ -98,6 +98,11 @@ class DispatcherSettings(CommonSettings):
         description="after a failed tool result, move the program's next stage to a stronger model when it "
         "pays (services/policy/README.md, escalation)",
     )
+    escalation_tau: float | None = Field(
+        default=DEFAULT_KNOBS.escalation_tau,
+        ge=0,
+        description="latency slack of an escalation: a move costs up to (1 + this) x staying (none: tau)",
+    )
     aging_rate: float = Field(
         default=DEFAULT_KNOBS.aging_rate,
         gt=0,
@@ -355,6 +360,7 @@ class DispatcherSettings(CommonSettings):
             self.priority_cap_tokens,
             self.fair_cap_tokens,
             self.escalate,
+            self.escalation_tau,
         )
 
     def tenant_defaults(self) -> TenantLimits:

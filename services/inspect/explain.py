@@ -233,7 +233,8 @@ def escalation_reason(x: Mapping[str, Any], tau: float, delta_s: float) -> str:
         return (
             f"{head}, so it escalated to {chosen['engine']} ({chosen['model']}): q={q:.3f} is at least "
             f"delta_s={delta_s:g} above, and its cost {move:.0f} ms (with {prefix:.0f} ms to prefill the "
-            f"{x.get('prefix_tokens')}-token history again) is within (1 + tau={tau:g}) of staying"
+            f"{x.get('prefix_tokens')}-token history again) is within (1 + {_num(x.get('slack'), tau):g}) of "
+            "staying"
         )
     why = [
         f"{c.get('engine')} " + ("is over the slack" if c.get("stronger") else "is not stronger by delta_s")

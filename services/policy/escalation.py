@@ -13,7 +13,8 @@ with the price of the move in it:
   (``prefix_tokens x e.prefill_ms_per_token``): that is the KV prefix the move throws away;
 - e qualifies when the router's first-stage confidence in its model is at least delta_s above the current
   model's (escalation only goes up, so a loop never moves back to a model it came from) and its cost is
-  within (1 + tau) of staying; the most confident qualifying engine wins (ties: the cheaper move). None
+  within (1 + tau) of staying (``Knobs.escalation_slack``: tau, or ``escalation_tau`` when set); the most
+  confident qualifying engine wins (ties: the cheaper move). None
   qualifies: the program stays.
 
 ``completion_ms`` and not the paper's L[m], because L is 0 on an idle engine and would let no move through
@@ -42,7 +43,7 @@ class EscalationCheck:
     move_ms: float  # completion_ms on it plus the history's prefill there
     prefix_ms: float  # of move_ms, the prefill of the history the move loses
     stronger: bool  # confidence >= the current model's + delta_s
-    within_slack: bool  # move_ms <= (1 + tau) * stay_ms
+    within_slack: bool  # move_ms <= (1 + slack) * stay_ms
 
     @property
     def qualifies(self) -> bool:
@@ -55,6 +56,7 @@ class Escalation:
 
     from_engine: str
     confidence: float  # the current model's, from the first stage
+    slack: float  # the latency slack the moves were held to
     stay_ms: float
     prefix_tokens: int
     checks: tuple[EscalationCheck, ...]
@@ -65,6 +67,7 @@ class Escalation:
             "from": self.from_engine,
             "to": self.to.engine_id if self.to else None,
             "confidence": round(self.confidence, 4),
+            "slack": self.slack,
             "stay_ms": round(self.stay_ms, 1),
             "prefix_tokens": self.prefix_tokens,
             "checks": [
@@ -109,8 +112,10 @@ def escalate(
                 move_ms,
                 prefix_ms,
                 stronger=q >= q_here + knobs.delta_s,
-                within_slack=move_ms <= (1.0 + knobs.tau) * stay_ms,
+                within_slack=move_ms <= (1.0 + knobs.escalation_slack) * stay_ms,
             )
         )
     best = min((c for c in checks if c.qualifies), key=lambda c: (-c.confidence, c.move_ms), default=None)
-    return Escalation(current.engine_id, q_here, stay_ms, prefix_tokens, tuple(checks), best)
+    return Escalation(
+        current.engine_id, q_here, knobs.escalation_slack, stay_ms, prefix_tokens, tuple(checks), best
+    )

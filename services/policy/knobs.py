@@ -21,12 +21,18 @@ class Knobs:
     # The aging bound grows by at most fair_cap_tokens / aging_rate seconds (205 s at the defaults).
     fair_cap_tokens: int = 4096
     # Escalation after a failed tool result (services.policy.escalation): off until the live agent benchmark
-    # says it pays.
+    # says it pays. Its latency slack is tau unless escalation_tau is set: a first stage trades latency for
+    # a marginal gain in confidence, an escalation for a loop that would otherwise almost surely fail.
     escalate: bool = False
+    escalation_tau: float | None = None
+
+    @property
+    def escalation_slack(self) -> float:
+        return self.tau if self.escalation_tau is None else self.escalation_tau
 
     def __post_init__(self) -> None:
-        if not (self.tau >= 0 and self.delta_s >= 0):
-            raise ValueError("tau and delta_s must be >= 0")
+        if not (self.tau >= 0 and self.delta_s >= 0 and (self.escalation_tau or 0.0) >= 0):
+            raise ValueError("tau, delta_s and escalation_tau must be >= 0")
         if not (math.isfinite(self.aging_rate) and self.aging_rate > 0):
             raise ValueError("aging_rate must be > 0 (without aging, a long request can starve)")
         if self.priority_cap_tokens < 1:
