@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from services.common import program_scripts, queue_scripts
+from services.common import pause_scripts, program_scripts, queue_scripts
 from services.common.keys import EngineField, Keys, ProfileField, ProgramField, RequestField, StartupField
 
 pytestmark = pytest.mark.unit
@@ -23,6 +23,8 @@ PINNED = {
     "queue": (K.queue("e0"), "chimera:{e0}:queue"),
     "inflight": (K.inflight("e0"), "chimera:{e0}:inflight"),
     "claims": (K.claims("e0"), "chimera:{e0}:claims"),
+    "paused": (K.paused("e0"), "chimera:{e0}:paused"),
+    "pause_deadlines": (K.pause_deadlines("e0"), "chimera:{e0}:pause_deadlines"),
     "wake": (K.wake("e0"), "chimera:{e0}:wake"),
     "request": (K.request("e0", "r1"), "chimera:{e0}:req:r1"),
     "output": (K.output("e0", "r1"), "chimera:{e0}:out:r1"),
@@ -57,6 +59,7 @@ FIELDS = {
     },
     ProgramField: {
         "engine", "model", "workflow", "stage", "request_id", "confidences", "created", "updated", "attained",
+        "last_output",
     },
     ProfileField: {"json", "decode_ms_per_token", "max_batch_size", "prefill_ms_per_token", "measured_unix"},
     StartupField: {"phase", "detail", "done", "total", "unit", "started_ms", "updated_ms", "worker_id"},
@@ -99,7 +102,8 @@ def test_the_lua_scripts_spell_only_declared_fields() -> None:
     states = {"queued", "running", "done", "failed", "cancelled"}  # values of the state field, not names
 
     quoted: set[str] = set()
-    for name, script in [*vars(queue_scripts).items(), *vars(program_scripts).items()]:
+    scripts = [*vars(queue_scripts).items(), *vars(program_scripts).items(), *vars(pause_scripts).items()]
+    for name, script in scripts:
         if name.isupper() and isinstance(script, str):
             for call in re.findall(r"redis\.call\('H(?:SET|GET|MGET|INCRBY|DEL)'[^)]*\)", script):
                 quoted |= set(re.findall(r"'([a-z_0-9]+)'", call)) - {
