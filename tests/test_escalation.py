@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
 
 import pytest
 from redis.asyncio import Redis
+from test_admission_dispatch import FakePredictor, FakeRouter
 
 from services.common.chat import ToolCall
 from services.common.keys import EngineField, Keys, RequestField
@@ -19,7 +19,6 @@ from services.common.types import (
     ChatMessage,
     EngineProfile,
     EngineSnapshot,
-    Prediction,
     SamplingParams,
     StageRequest,
 )
@@ -120,18 +119,8 @@ def test_only_the_tool_results_this_stage_answers_count() -> None:
 
 # --- the real dispatcher on real Redis -------------------------------------------------------------------
 
+# The router and predictor fakes of the admission tests: m-small 0.6, m-big 0.9; every prediction (100, 200).
 ENGINES = {"e0": ("m-small", "10"), "e1": ("m-big", "25")}
-CONFIDENCE = {"m-small": 0.6, "m-big": 0.9}
-
-
-class FakeRouter:
-    async def score(self, text: str, workflow: str, models: Sequence[str]) -> Mapping[str, float]:
-        return {m: CONFIDENCE[m] for m in models}
-
-
-class FakePredictor:
-    async def predict(self, request: StageRequest, models: Sequence[str]) -> Mapping[str, Prediction]:
-        return dict.fromkeys(models, Prediction(100, 200))
 
 
 async def _engines(r: Redis, keys: Keys) -> None:

@@ -43,7 +43,7 @@ from typing import Any
 import openai
 
 from bench.common.paths import dataset_commit
-from bench.live.agent_report import markdown, summarise
+from bench.live.agent_report import ESCALATE, markdown, summarise
 from bench.live.plan import ALONE, LivePolicy, arrival_offsets, parse_policy
 from bench.live.policy import KEY_PREFIX, LiveSetup, private_redis, profile_alone, serving_stack, train_models
 from services.agent.coding import AgentRun, end_loop, run_agent
@@ -56,7 +56,6 @@ from services.workload.corpus import Problem
 
 log = logging.getLogger("bench.live.agent")
 RESULT = "agent_live"
-ESCALATE = "-escalate"
 _ESCALATE = re.compile(r"-escalate(\d+(?:\.\d+)?)?$")
 NO_CONTINUATION = "-no-continuation"
 SOURCES = ("humaneval", "leetcode")
